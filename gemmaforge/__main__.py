@@ -1,0 +1,5 @@
+import sys
+
+from gemmaforge.cli import main
+
+sys.exit(main())

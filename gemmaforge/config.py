@@ -1,0 +1,173 @@
+"""The run configuration: pydantic models per section, YAML loading, dotted overrides.
+
+Field names follow PEFT `LoraConfig` and transformers `TrainingArguments`, so what users know
+from those libraries transfers. Unknown keys are errors with a did-you-mean, never ignored.
+"""
+
+from __future__ import annotations
+
+import difflib
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from gemmaforge.errors import UserError
+
+
+class Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class ModelConfig(Section):
+    name_or_path: str = Field(
+        "gemma3-270m",
+        description="'gemma3-270m' (embedded), a local HF directory, a local .gguf file, or a hub id",
+    )
+    revision: str | None = None
+
+
+class DataConfig(Section):
+    path: str = Field(..., description="dataset file (alpaca JSON array or JSONL)")
+    format: Literal["auto", "alpaca"] = "auto"
+    val_size: float = Field(0.1, ge=0, description="ratio in [0, 1) or a count of examples >= 1")
+    system: str | None = Field(None, description="system prompt added to every example without one")
+
+
+class LoraSection(Section):
+    r: int = Field(8, ge=1)
+    lora_alpha: float = Field(16, gt=0)
+    lora_dropout: float = Field(0.05, ge=0, lt=1)
+    target_modules: list[str] | None = Field(None, description="None: the family's default targets")
+    bias: Literal["none", "all", "lora_only"] = "none"
+
+
+class TrainConfig(Section):
+    num_train_epochs: float = Field(1.0, gt=0)
+    max_steps: int = -1
+    per_device_train_batch_size: int = Field(4, ge=1)
+    gradient_accumulation_steps: int = Field(1, ge=1)
+    learning_rate: float = Field(2.0e-4, gt=0)
+    lr_scheduler_type: str = "linear"
+    warmup_steps: int = Field(0, ge=0)
+    weight_decay: float = Field(0.0, ge=0)
+    max_grad_norm: float = Field(1.0, gt=0)
+    cutoff_len: int = Field(512, ge=8)
+    logging_steps: int = Field(5, ge=1)
+    save_steps: int = Field(50, ge=1)
+    save_total_limit: int | None = Field(2, ge=1)
+    precision: Literal["auto", "bf16", "fp32"] = "auto"
+    seed: int = 42
+
+
+class OllamaConfig(Section):
+    name: str | None = Field(None, description="model name for `ollama create`; default: the run name")
+    system: str | None = None
+    temperature: float = Field(0.7, ge=0)
+    top_p: float = Field(0.95, gt=0, le=1)
+    top_k: int = Field(64, ge=0)
+    num_ctx: int = Field(4096, ge=1)
+
+
+GGUF_QUANTS = ("f32", "f16", "bf16", "q8_0")
+GgufQuant = Literal["f32", "f16", "bf16", "q8_0"]
+
+
+class ExportConfig(Section):
+    gguf: list[GgufQuant] = Field(default_factory=lambda: ["f16", "q8_0"])
+    ollama: OllamaConfig = Field(default_factory=OllamaConfig)
+
+
+class RunConfig(Section):
+    output_dir: str = Field(..., description="the run directory")
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    data: DataConfig
+    lora: LoraSection = Field(default_factory=LoraSection)
+    train: TrainConfig = Field(default_factory=TrainConfig)
+    export: ExportConfig = Field(default_factory=ExportConfig)
+
+
+# ---------------------------------------------------------------------------- loading
+
+
+def load_config(path: Path, overrides: list[str] | tuple[str, ...] = ()) -> RunConfig:
+    """Read a YAML config, apply `key.sub=value` overrides, validate. Paths in `data` stay as written
+    but are resolved against the config file's folder when relative and not found from the cwd."""
+    raw = _read_yaml(path)
+    for item in overrides:
+        _apply_override(raw, item)
+    config = validate_config(raw, source=str(path))
+    data_path = Path(config.data.path)
+    if not data_path.is_absolute() and not data_path.exists() and (path.parent / data_path).exists():
+        config.data.path = str(path.parent / data_path)
+    return config
+
+
+def validate_config(raw: dict[str, Any], source: str) -> RunConfig:
+    try:
+        return RunConfig.model_validate(raw)
+    except ValidationError as exc:
+        raise UserError(_describe_validation_error(exc, source)) from None
+
+
+def dump_config(config: RunConfig) -> str:
+    """Every default written out, in section order (the run.yaml text)."""
+    return yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False, allow_unicode=True)
+
+
+def _read_yaml(path: Path) -> dict[str, Any]:
+    if not path.is_file():
+        raise UserError(f"{path}: config file not found")
+    try:
+        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" line {mark.line + 1}" if mark is not None else ""
+        raise UserError(f"{path}{where}: not valid YAML ({getattr(exc, 'problem', exc)})") from None
+    except UnicodeDecodeError as exc:
+        raise UserError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, dict):
+        raise UserError(f"{path}: expected a mapping of sections (output_dir, model, data, ...)")
+    return raw
+
+
+def _apply_override(raw: dict[str, Any], item: str) -> None:
+    key, sep, text = item.partition("=")
+    if not sep or not key:
+        raise UserError(f"override '{item}': expected key.sub=value, e.g. train.learning_rate=1e-4")
+    node = raw
+    parts = key.split(".")
+    for part in parts[:-1]:
+        child = node.setdefault(part, {})
+        if not isinstance(child, dict):
+            raise UserError(f"override '{item}': '{part}' is not a section")
+        node = child
+    node[parts[-1]] = yaml.safe_load(text) if text else ""
+
+
+def _describe_validation_error(exc: ValidationError, source: str) -> str:
+    lines = [f"{source}: invalid config"]
+    for err in exc.errors():
+        loc = ".".join(str(p) for p in err["loc"])
+        if err["type"] == "extra_forbidden":
+            lines.append(f"  {loc}: unknown key{_did_you_mean(err['loc'])}")
+        elif err["type"] == "missing":
+            lines.append(f"  {loc}: required key is missing")
+        else:
+            lines.append(f"  {loc}: {err['msg']} (got {err.get('input')!r})")
+    return "\n".join(lines)
+
+
+def _did_you_mean(loc: tuple[Any, ...]) -> str:
+    model: type[BaseModel] = RunConfig
+    for part in loc[:-1]:
+        field = model.model_fields.get(str(part))
+        annotation = getattr(field, "annotation", None)
+        if not (isinstance(annotation, type) and issubclass(annotation, BaseModel)):
+            return ""
+        model = annotation
+    close = difflib.get_close_matches(str(loc[-1]), list(model.model_fields), n=1, cutoff=0.5)
+    return f"; did you mean '{close[0]}'?" if close else f"; expected one of: {', '.join(model.model_fields)}"

@@ -1,0 +1,1 @@
+"""Export stages: merge the adapter, write GGUF files, write the Ollama Modelfile."""

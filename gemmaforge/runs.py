@@ -1,0 +1,178 @@
+"""The run directory: the one contract between stages.
+
+Every stage reads what it needs from a RunDir and writes its outputs into it atomically (temporary
+name, then rename), so a killed stage never leaves a file that looks finished.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import shutil
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import datetime, timezone
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from gemmaforge.config import RunConfig, dump_config, load_config
+from gemmaforge.errors import UserError
+
+_VERSIONED_PACKAGES = ("gemmaforge", "torch", "transformers", "peft", "accelerate", "gguf", "safetensors")
+
+
+class RunDir:
+    def __init__(self, root: Path | str):
+        self.root = Path(root)
+
+    # ------------------------------------------------------------------ paths
+    @property
+    def config_path(self) -> Path:
+        return self.root / "run.yaml"
+
+    @property
+    def manifest_path(self) -> Path:
+        return self.root / "manifest.json"
+
+    @property
+    def data_dir(self) -> Path:
+        return self.root / "data"
+
+    @property
+    def checkpoints_dir(self) -> Path:
+        return self.root / "checkpoints"
+
+    @property
+    def adapter_dir(self) -> Path:
+        return self.root / "adapter"
+
+    @property
+    def metrics_path(self) -> Path:
+        return self.root / "metrics.jsonl"
+
+    @property
+    def loss_plot_path(self) -> Path:
+        return self.root / "loss.png"
+
+    @property
+    def merged_dir(self) -> Path:
+        return self.root / "merged"
+
+    @property
+    def gguf_dir(self) -> Path:
+        return self.root / "gguf"
+
+    @property
+    def ollama_dir(self) -> Path:
+        return self.root / "ollama"
+
+    def gguf_path(self, quant: str) -> Path:
+        return self.gguf_dir / f"model-{quant}.gguf"
+
+    # ------------------------------------------------------------------ lifecycle
+    @classmethod
+    def create(cls, config: RunConfig) -> RunDir:
+        """Make (or reopen) the run directory for a config and write run.yaml."""
+        run = cls(config.output_dir)
+        try:
+            run.root.mkdir(parents=True, exist_ok=True)
+            probe = run.root / ".write-test"
+            probe.write_text("")
+            probe.unlink()
+        except OSError as exc:
+            raise UserError(f"output_dir '{run.root}': cannot write there ({exc.strerror})") from None
+        atomic_write_text(run.config_path, dump_config(config))
+        return run
+
+    @classmethod
+    def open(cls, root: Path | str) -> RunDir:
+        run = cls(root)
+        if not run.config_path.is_file():
+            raise UserError(f"{run.root}: not a run directory (no run.yaml); run `gemmaforge run CONFIG` first")
+        return run
+
+    def config(self) -> RunConfig:
+        return load_config(self.config_path)
+
+    # ------------------------------------------------------------------ manifest
+    def manifest(self) -> dict[str, Any]:
+        if self.manifest_path.is_file():
+            return json.loads(self.manifest_path.read_text(encoding="utf-8"))
+        return {"created": _now(), "versions": _versions(), "platform": platform.platform(), "stages": {}}
+
+    def update_manifest(self, **fields: Any) -> None:
+        manifest = self.manifest()
+        manifest.update(fields)
+        atomic_write_text(self.manifest_path, json.dumps(manifest, indent=2, ensure_ascii=False) + "\n")
+
+    def record_stage(self, stage: str, **fields: Any) -> None:
+        manifest = self.manifest()
+        manifest["stages"].setdefault(stage, {}).update(fields)
+        atomic_write_text(self.manifest_path, json.dumps(manifest, indent=2, ensure_ascii=False) + "\n")
+
+    def require(self, path: Path, stage: str) -> Path:
+        """The output of an earlier stage, or a clear error saying which stage makes it."""
+        if not path.exists():
+            raise UserError(f"{path} is missing: run `gemmaforge {stage} {self.root}` first")
+        return path
+
+    @contextmanager
+    def stage(self, name: str) -> Iterator[dict[str, Any]]:
+        """Record a stage's status and timing in the manifest; the body may add fields to the dict."""
+        self.record_stage(name, status="running", started=_now())
+        extra: dict[str, Any] = {}
+        start = time.perf_counter()
+        try:
+            yield extra
+        except BaseException:
+            self.record_stage(name, status="failed", runtime_s=round(time.perf_counter() - start, 3))
+            raise
+        self.record_stage(name, status="done", runtime_s=round(time.perf_counter() - start, 3), **extra)
+
+
+# ---------------------------------------------------------------------------- atomic writes
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+@contextmanager
+def atomic_dir(path: Path) -> Iterator[Path]:
+    """Yield a temporary sibling folder to fill; on success it replaces `path` in one rename."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
+    try:
+        yield tmp
+        if path.exists():
+            shutil.rmtree(path)
+        os.replace(tmp, path)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+def _versions() -> dict[str, str]:
+    versions = {"python": platform.python_version()}
+    for name in _VERSIONED_PACKAGES:
+        try:
+            versions[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            continue
+    return versions

@@ -1,0 +1,1 @@
+"""The training stage: LoRA supervised fine-tuning with transformers + PEFT."""

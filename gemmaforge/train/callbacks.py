@@ -1,0 +1,64 @@
+"""Trainer callbacks: metrics.jsonl (one object per log step) and the loss.png curve."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from transformers import TrainerCallback
+
+
+_KEPT = ("loss", "eval_loss", "learning_rate", "grad_norm", "epoch")
+
+
+class MetricsCallback(TrainerCallback):
+    def __init__(self, metrics_path: Path, plot_path: Path):
+        self.metrics_path = metrics_path
+        self.plot_path = plot_path
+
+    def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, float] | None = None, **kwargs: Any) -> None:
+        if not state.is_world_process_zero or not logs:
+            return
+        if "loss" not in logs and "eval_loss" not in logs:  # e.g. the end-of-training summary
+            return
+        row = {"step": state.global_step, **{k: logs[k] for k in _KEPT if k in logs}}
+        with self.metrics_path.open("a", encoding="utf-8") as f:
+            f.write(json.dumps(row) + "\n")
+        if "eval_loss" in row:
+            plot_losses(self.metrics_path, self.plot_path)
+
+    def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if state.is_world_process_zero:
+            plot_losses(self.metrics_path, self.plot_path)
+
+
+def read_metrics(path: Path) -> list[dict[str, Any]]:
+    if not path.is_file():
+        return []
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line]
+
+
+def plot_losses(metrics_path: Path, plot_path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = read_metrics(metrics_path)
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for key, style in (("loss", "-"), ("eval_loss", "o-")):
+        points = [(r["step"], r[key]) for r in rows if key in r]
+        if points:
+            ax.plot(*zip(*points), style, label=key.replace("_", " "))
+    ax.set_xlabel("step")
+    ax.set_ylabel("loss")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    tmp = plot_path.with_name(f".{plot_path.name}.tmp.png")
+    fig.savefig(tmp, dpi=100)
+    plt.close(fig)
+    tmp.replace(plot_path)
+
+

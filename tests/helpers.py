@@ -1,0 +1,40 @@
+"""Small builders shared by tests (configs and datasets for tiny runs)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import yaml
+
+COFFEE = Path(__file__).parents[1] / "examples" / "data" / "coffee_qa.json"
+
+
+def write_dataset(path: Path, n: int = 24) -> Path:
+    """The first n coffee records: real answers, short enough for quick CPU steps."""
+    records = json.loads(COFFEE.read_text(encoding="utf-8"))[:n]
+    path.write_text(json.dumps(records, ensure_ascii=False), encoding="utf-8")
+    return path
+
+
+def write_config(tmp_path: Path, model: Path | str, **train: object) -> Path:
+    """A config for a few fast steps on a tiny model; `train` overrides train keys."""
+    config = {
+        "output_dir": str(tmp_path / "run"),
+        "model": {"name_or_path": str(model)},
+        "data": {"path": str(write_dataset(tmp_path / "data.json")), "val_size": 4},
+        "lora": {"r": 4, "lora_alpha": 8, "lora_dropout": 0.0},
+        "train": {
+            "max_steps": 4,
+            "per_device_train_batch_size": 4,
+            "learning_rate": 5e-3,
+            "logging_steps": 1,
+            "save_steps": 2,
+            "cutoff_len": 128,
+            **train,
+        },
+        "export": {"gguf": ["f16", "q8_0"], "ollama": {"name": "tiny-coffee"}},
+    }
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(config, allow_unicode=True), encoding="utf-8")
+    return path

@@ -1,0 +1,71 @@
+from pathlib import Path
+
+import pytest
+import yaml
+
+from gemmaforge.config import RunConfig, dump_config, load_config
+from gemmaforge.errors import UserError
+
+EXAMPLES = Path(__file__).parents[2] / "examples"
+
+
+@pytest.mark.parametrize("path", sorted(EXAMPLES.glob("*.yaml")), ids=lambda p: p.name)
+def test_every_example_config_loads_and_names_its_command(path: Path) -> None:
+    config = load_config(path)
+    assert Path(config.data.path).is_file()
+    assert path.read_text(encoding="utf-8").startswith(f"# gemmaforge run examples/{path.name}")
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "c.yaml"
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def test_unknown_key_suggests_the_closest(tmp_path: Path) -> None:
+    path = write(tmp_path, "output_dir: r\ndata: {path: d.json}\ntrain: {lerning_rate: 1e-4}\n")
+    with pytest.raises(UserError, match=r"train\.lerning_rate: unknown key; did you mean 'learning_rate'"):
+        load_config(path)
+
+
+def test_unknown_section_and_missing_key(tmp_path: Path) -> None:
+    path = write(tmp_path, "output_dir: r\ntrian: {}\n")
+    with pytest.raises(UserError) as err:
+        load_config(path)
+    assert "trian: unknown key; did you mean 'train'" in str(err.value)
+    assert "data: required key is missing" in str(err.value)
+
+
+def test_wrong_type_names_key_and_value(tmp_path: Path) -> None:
+    path = write(tmp_path, "output_dir: r\ndata: {path: d.json}\nlora: {r: many}\n")
+    with pytest.raises(UserError, match=r"lora\.r: .*'many'"):
+        load_config(path)
+
+
+def test_overrides_are_typed_and_nested(tmp_path: Path) -> None:
+    path = write(tmp_path, "output_dir: r\ndata: {path: d.json}\n")
+    config = load_config(path, ["train.learning_rate=1e-3", "lora.target_modules=[q_proj]", "output_dir=other"])
+    assert config.train.learning_rate == 1e-3
+    assert config.lora.target_modules == ["q_proj"]
+    assert config.output_dir == "other"
+
+
+@pytest.mark.parametrize("override", ["train.learning_rate", "=3", "train.learning_rate.x=1"])
+def test_bad_overrides(tmp_path: Path, override: str) -> None:
+    path = write(tmp_path, "output_dir: r\ndata: {path: d.json}\ntrain: {learning_rate: 1e-4}\n")
+    with pytest.raises(UserError):
+        load_config(path, [override])
+
+
+def test_malformed_yaml_names_the_line(tmp_path: Path) -> None:
+    path = write(tmp_path, "output_dir: r\ndata: {path: [\n")
+    with pytest.raises(UserError, match=r"c\.yaml line \d+: not valid YAML"):
+        load_config(path)
+
+
+def test_dump_writes_every_default_and_round_trips(tmp_path: Path) -> None:
+    config = load_config(write(tmp_path, "output_dir: r\ndata: {path: d.json}\n"))
+    text = dump_config(config)
+    raw = yaml.safe_load(text)
+    assert raw["train"]["cutoff_len"] == 512 and raw["lora"]["r"] == 8
+    assert RunConfig.model_validate(raw) == config
