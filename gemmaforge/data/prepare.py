@@ -8,15 +8,12 @@ import random
 from pathlib import Path
 from typing import Any
 
-from rich.console import Console
-
 from gemmaforge.config import DataConfig
+from gemmaforge.console import console
 from gemmaforge.data.readers import alpaca_to_messages, detect_format, read_records
 from gemmaforge.errors import UserError
 from gemmaforge.runs import atomic_write_text
 from gemmaforge.templates import Message
-
-console = Console(stderr=True)
 
 
 def load_conversations(config: DataConfig) -> tuple[list[list[Message]], str]:

@@ -8,7 +8,6 @@ from typing import Any
 
 from transformers import TrainerCallback
 
-
 _KEPT = ("loss", "eval_loss", "learning_rate", "grad_norm", "epoch")
 
 

@@ -5,9 +5,8 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from rich.console import Console
-
 from gemmaforge.config import RunConfig
+from gemmaforge.console import console
 from gemmaforge.data.prepare import read_prepared
 from gemmaforge.errors import UserError
 from gemmaforge.models import ResolvedModel, load_causal_lm, load_tokenizer
@@ -15,9 +14,8 @@ from gemmaforge.runs import RunDir, atomic_dir
 from gemmaforge.templates import hf_chat_template
 from gemmaforge.train.callbacks import MetricsCallback
 from gemmaforge.train.collate import RightPadCollator, tokenize_conversations
+from gemmaforge.train.loss import SupervisedLossTrainer
 from gemmaforge.train.precision import resolve_precision
-
-console = Console(stderr=True)
 
 
 def lora_targets(config: RunConfig, base: ResolvedModel) -> list[str]:
@@ -28,7 +26,7 @@ def train(run: RunDir, config: RunConfig, base: ResolvedModel) -> dict[str, Any]
     """Train and save the adapter (with the tokenizer and its chat template) into run.adapter_dir."""
     import torch
     from peft import LoraConfig, get_peft_model
-    from transformers import Trainer, TrainingArguments
+    from transformers import TrainingArguments
     from transformers.trainer_utils import get_last_checkpoint
 
     family = base.family
@@ -83,6 +81,7 @@ def train(run: RunDir, config: RunConfig, base: ResolvedModel) -> dict[str, Any]
         data_seed=t.seed,
         report_to="none",
         remove_unused_columns=False,
+        prediction_loss_only=True,
         dataloader_pin_memory=False,
         use_cpu=not torch.cuda.is_available(),
     )
@@ -91,7 +90,7 @@ def train(run: RunDir, config: RunConfig, base: ResolvedModel) -> dict[str, Any]
         console.print(f"[bold]gemmaforge[/]: resuming from {resume}")
     else:
         run.metrics_path.unlink(missing_ok=True)
-    trainer = Trainer(
+    trainer = SupervisedLossTrainer(
         model=model,
         args=args,
         train_dataset=train_rows,

@@ -1,0 +1,88 @@
+"""Bad input through the real command line: exit code 2, one clear message, nothing half-written."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from gemmaforge.cli import main
+from tests.helpers import write_config
+
+
+def run_cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONWARNINGS": "ignore"}
+    return subprocess.run([sys.executable, "-m", "gemmaforge", *args], cwd=cwd, capture_output=True, text=True, env=env)
+
+
+def test_missing_data_file_is_exit_2_without_traceback(tmp_path: Path) -> None:
+    config = write_config(tmp_path, "gemma3-270m")
+    (tmp_path / "data.json").unlink()
+    proc = run_cli("run", str(config), cwd=tmp_path)
+    assert proc.returncode == 2
+    assert "data.json: data file not found" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert not (tmp_path / "run" / "data").exists()
+
+
+def test_config_typo_is_exit_2_with_did_you_mean(tmp_path: Path) -> None:
+    config = write_config(tmp_path, "gemma3-270m")
+    proc = run_cli("run", str(config), "train.lerning_rate=1e-3", cwd=tmp_path)
+    assert proc.returncode == 2
+    assert "train.lerning_rate: unknown key; did you mean 'learning_rate'?" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert not (tmp_path / "run").exists(), "a config error must not create the run directory"
+
+
+def test_malformed_json_names_the_line_and_writes_no_data(tmp_path: Path) -> None:
+    config = write_config(tmp_path, "gemma3-270m")
+    (tmp_path / "data.json").write_text('[{"instruction": "a", "output": "b"},\n{"instruction": "c" "output": "d"}]')
+    assert main(["run", str(config)]) == 2
+    assert not (tmp_path / "run" / "data" / "train.jsonl").exists()
+
+
+def test_unwritable_output_dir_is_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    config = write_config(tmp_path, "gemma3-270m")  # /proc refuses new folders, even to root
+    assert main(["run", str(config), "output_dir=/proc/gemmaforge-test/run"]) == 2
+    assert "output_dir '/proc/gemmaforge-test/run': cannot write there" in capsys.readouterr().err
+
+
+def test_output_dir_that_is_a_file_is_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "taken").write_text("not a folder")
+    config = write_config(tmp_path, "gemma3-270m")
+    assert main(["run", str(config), f"output_dir={tmp_path}/taken/run"]) == 2
+    assert "cannot write there" in capsys.readouterr().err
+
+
+def test_stage_on_a_folder_that_is_not_a_run(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["merge", str(tmp_path)]) == 2
+    assert "not a run directory (no run.yaml)" in capsys.readouterr().err
+
+
+def test_export_before_merge_names_the_missing_stage(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                     tiny_gemma3_dir: Path) -> None:
+    from gemmaforge.config import load_config
+    from gemmaforge.runs import RunDir
+
+    RunDir.create(load_config(write_config(tmp_path, tiny_gemma3_dir)))
+    assert main(["export", "gguf", str(tmp_path / "run")]) == 2
+    assert "merged/config.json is missing: run `gemmaforge merge" in capsys.readouterr().err
+
+
+def test_missing_model_and_unknown_argument(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    config = write_config(tmp_path, tmp_path / "no-such-model.gguf")
+    assert main(["train", str(config)]) == 2
+    assert "GGUF file not found" in capsys.readouterr().err
+    assert main(["export", "gguf", str(tmp_path), "--quant", "q3_k"]) == 2
+    assert "invalid choice: 'q3_k'" in capsys.readouterr().err
+
+
+def test_offline_hub_id_is_a_clear_error(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    config = write_config(tmp_path, "google/gemma-3-1b-it-not-cached")
+    assert main(["train", str(config)]) == 2
+    assert "the hub could not provide it" in capsys.readouterr().err
