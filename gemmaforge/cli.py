@@ -95,7 +95,7 @@ def dispatch(args: argparse.Namespace) -> None:
         if args.verb == "merge":
             pipeline.stage_merge(run, base)
         elif args.target == "gguf":
-            pipeline.stage_export_gguf(run, base, args.quant or list(config.export.gguf))
+            pipeline.stage_export_gguf(run, config, base, args.quant or list(config.export.gguf))
         else:
             pipeline.stage_export_ollama(run, config, base, create=args.create)
 

@@ -7,13 +7,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from rich.console import Console
-
 from gemmaforge.config import RunConfig
+from gemmaforge.console import console
 from gemmaforge.models import ResolvedModel, resolve_model
 from gemmaforge.runs import RunDir
-
-console = Console(stderr=True)
 
 
 def base_model(run: RunDir, config: RunConfig, home: Path) -> ResolvedModel:
@@ -50,16 +47,20 @@ def stage_merge(run: RunDir, base: ResolvedModel) -> None:
     console.print(f"[bold]merge[/]: {run.merged_dir}")
 
 
-def stage_export_gguf(run: RunDir, base: ResolvedModel, quants: list[str]) -> None:
+def stage_export_gguf(run: RunDir, config: RunConfig, base: ResolvedModel, quants: list[str]) -> None:
     from gemmaforge.export.gguf import write_gguf
+    from gemmaforge.export.ollama import ollama_model_name
     from gemmaforge.templates import hf_chat_template
 
     merged = run.require(run.merged_dir / "config.json", "merge").parent
+    template = hf_chat_template(base.family)
     with run.stage("export_gguf") as record:
         files = {}
         for quant in quants:
             console.print(f"[bold]export gguf[/]: writing {run.gguf_path(quant)} ...")
-            path = write_gguf(merged, run.gguf_path(quant), quant, chat_template=hf_chat_template(base.family))
+            path = write_gguf(
+                merged, run.gguf_path(quant), quant, chat_template=template, name=ollama_model_name(config)
+            )
             files[quant] = {"path": str(path), "bytes": path.stat().st_size}
         record["files"] = files
 
@@ -81,6 +82,6 @@ def run_all(config: RunConfig, home: Path) -> RunDir:
     base = base_model(run, config, home)
     stage_train(run, config, base)
     stage_merge(run, base)
-    stage_export_gguf(run, base, list(config.export.gguf))
+    stage_export_gguf(run, config, base, list(config.export.gguf))
     stage_export_ollama(run, config, base)
     return run

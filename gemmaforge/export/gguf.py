@@ -1,0 +1,260 @@
+"""Merged Hugging Face Gemma directory -> one GGUF file that llama.cpp and Ollama load.
+
+Follows llama.cpp's own converter (`convert_hf_to_gguf.py`, Gemma3Model and TextModel) for keys,
+tensor names and per-tensor types, but streams: the tensor table is planned from the safetensors
+headers first, then each tensor is loaded, converted and written on its own, so peak memory is
+about one tensor (the 262k-row embedding) rather than the model. The file appears at `out_path`
+only once complete (temporary file + os.replace).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import gguf
+import numpy as np
+import torch
+from safetensors import safe_open
+
+from gemmaforge.config import GGUF_QUANTS
+from gemmaforge.errors import UserError
+from gemmaforge.export.gguf_vocab import load_vocab
+from gemmaforge.families import family_for_model_type
+
+QType = gguf.GGMLQuantizationType
+
+# quant name -> (general.file_type, type of the 2-D weights)
+_QUANTS: dict[str, tuple[gguf.LlamaFileType, QType]] = {
+    "f32": (gguf.LlamaFileType.ALL_F32, QType.F32),
+    "f16": (gguf.LlamaFileType.MOSTLY_F16, QType.F16),
+    "bf16": (gguf.LlamaFileType.MOSTLY_BF16, QType.BF16),
+    "q8_0": (gguf.LlamaFileType.MOSTLY_Q8_0, QType.Q8_0),
+}
+
+
+# ---------------------------------------------------------------------------- hyperparameters
+
+
+def _rope_parameters(cfg: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(global, sliding) RoPE settings from transformers 5 `rope_parameters` or the v4 keys."""
+    params = cfg.get("rope_parameters") or {}
+    if "full_attention" in params or "sliding_attention" in params:
+        return params.get("full_attention", {}), params.get("sliding_attention", {})
+    full = dict(params or cfg.get("rope_scaling") or {})
+    full.setdefault("rope_theta", cfg.get("rope_theta"))
+    return full, {"rope_theta": cfg.get("rope_local_base_freq")}
+
+
+def _gemma3_hparams(w: gguf.GGUFWriter, cfg: dict[str, Any]) -> None:
+    """What llama.cpp's Gemma3Model writes; the defaults are those of transformers' Gemma3TextConfig."""
+    if cfg.get("attn_logit_softcapping") is not None:
+        raise UserError(
+            "config.json sets attn_logit_softcapping, which Gemma 3 does not have in "
+            "llama.cpp; write a clean text-only config before exporting"
+        )
+    head_dim = cfg.get("head_dim", 256)
+    w.add_block_count(cfg["num_hidden_layers"])
+    w.add_context_length(cfg.get("max_position_embeddings", 131072))
+    w.add_embedding_length(cfg["hidden_size"])
+    w.add_feed_forward_length(cfg["intermediate_size"])
+    w.add_head_count(cfg.get("num_attention_heads", 8))
+    w.add_head_count_kv(cfg.get("num_key_value_heads", 4))
+    w.add_key_length(head_dim)
+    w.add_value_length(head_dim)
+    w.add_layer_norm_rms_eps(cfg.get("rms_norm_eps", 1e-6))
+
+    full, sliding = _rope_parameters(cfg)
+    w.add_rope_freq_base(full.get("rope_theta") or 1_000_000.0)  # global (full-attention) layers
+    if sliding.get("rope_theta") is not None:
+        w.add_rope_freq_base_swa(sliding["rope_theta"])
+    rope_type = full.get("rope_type", full.get("type"))
+    if rope_type == "linear":  # Gemma 3 4B+ stretch the global layers' RoPE
+        w.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
+        w.add_rope_scaling_factor(full["factor"])
+    elif rope_type not in (None, "default"):
+        raise UserError(f"config.json: RoPE type {rope_type!r} is not supported for GGUF export")
+
+    if cfg.get("sliding_window_pattern") != 1:  # 1 would mean every layer is global
+        w.add_sliding_window(cfg["sliding_window"])
+    if cfg.get("final_logit_softcapping"):
+        w.add_final_logit_softcapping(cfg["final_logit_softcapping"])
+
+
+# HF model_type -> its hyperparameter writer. gemma / gemma2 go here once supported.
+_HPARAM_WRITERS: dict[str, Callable[[gguf.GGUFWriter, dict[str, Any]], None]] = {
+    "gemma3_text": _gemma3_hparams,
+}
+
+
+# ---------------------------------------------------------------------------- tensors
+
+
+@dataclass(frozen=True)
+class _Planned:
+    hf_name: str
+    gguf_name: str
+    file: Path
+    shape: tuple[int, ...]  # numpy order (rows, cols)
+    qtype: QType
+    nbytes: int
+
+
+def _weight_files(model_dir: Path) -> dict[str, Path]:
+    """HF tensor name -> safetensors file holding it."""
+    index = model_dir / "model.safetensors.index.json"
+    single = model_dir / "model.safetensors"
+    if index.is_file():
+        weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
+        files = {name: model_dir / fname for name, fname in weight_map.items()}
+    elif single.is_file():
+        with safe_open(single, framework="pt") as f:
+            files = dict.fromkeys(f.keys(), single)
+    else:
+        raise UserError(f"no weights in {model_dir}: expected {single.name} or {index.name}")
+    for path in set(files.values()):
+        if not path.is_file():
+            raise UserError(f"weight file {path} named in {index} is missing")
+    return files
+
+
+def _tensor_type(gguf_name: str, shape: tuple[int, ...], weights: QType) -> QType:
+    """The reference's choice: vectors and norms stay F32; a row that does not fill whole quant
+    blocks falls back to F16; everything else (token_embd included) gets the file's type."""
+    if len(shape) <= 1 or gguf_name.endswith("_norm.weight"):
+        return QType.F32
+    block_size, _ = gguf.GGML_QUANT_SIZES[weights]
+    return weights if shape[-1] % block_size == 0 else QType.F16
+
+
+def _plan(model_dir: Path, cfg: dict[str, Any], arch: gguf.MODEL_ARCH, weights: QType) -> list[_Planned]:
+    files = _weight_files(model_dir)
+    name_map = gguf.get_tensor_name_map(arch, cfg["num_hidden_layers"])
+    skip = {"lm_head.weight"} if cfg.get("tie_word_embeddings", True) else set()  # llama.cpp reuses token_embd
+    shapes: dict[str, tuple[int, ...]] = {}
+    for path in sorted(set(files.values())):
+        with safe_open(path, framework="pt") as f:
+            shapes.update({n: tuple(f.get_slice(n).get_shape()) for n in f.keys()})  # noqa: SIM118 (not iterable)
+    plan = []
+    for hf_name in sorted(files):
+        if hf_name in skip or hf_name.endswith(".rotary_emb.inv_freq"):
+            continue
+        gguf_name = name_map.get_name(hf_name, try_suffixes=(".weight", ".bias"))
+        if gguf_name is None:
+            raise UserError(
+                f"tensor {hf_name} in {files[hf_name]} has no GGUF name for "
+                f"{gguf.MODEL_ARCH_NAMES[arch]}: is this a text-only merged model?"
+            )
+        shape = shapes[hf_name]
+        qtype = _tensor_type(gguf_name, shape, weights)
+        nbytes = math.prod(gguf.quant_shape_to_byte_shape(shape, qtype))
+        plan.append(_Planned(hf_name, gguf_name, files[hf_name], shape, qtype, nbytes))
+    return plan
+
+
+def _converted(plan: list[_Planned], norm_shift: bool) -> Iterator[np.ndarray]:
+    """Each planned tensor, loaded alone and converted to its GGUF type."""
+    with ExitStack() as stack:
+        handles = {p: stack.enter_context(safe_open(p, framework="pt")) for p in sorted({t.file for t in plan})}
+        for t in plan:
+            data = handles[t.file].get_tensor(t.hf_name).to(torch.float32).numpy()
+            if norm_shift and t.hf_name.endswith("norm.weight"):
+                data = data + 1.0  # Gemma's RMSNorm scales by (1 + w); llama.cpp's by w
+            yield gguf.quants.quantize(data, t.qtype)
+            del data  # free it before the next tensor is loaded
+
+
+# ---------------------------------------------------------------------------- file
+
+
+def _vocab_to_gguf(w: gguf.GGUFWriter, model_dir: Path, n_vocab: int, chat_template: str | None) -> None:
+    vocab = load_vocab(model_dir, n_vocab)
+    w.add_tokenizer_model("llama")  # SentencePiece, as llama.cpp's converter writes Gemma 1-3
+    w.add_tokenizer_pre("default")
+    w.add_token_list(vocab.tokens)
+    w.add_token_scores(vocab.scores)
+    w.add_token_types(vocab.types)
+    setters = {
+        "bos": w.add_bos_token_id,
+        "eos": w.add_eos_token_id,
+        "unk": w.add_unk_token_id,
+        "pad": w.add_pad_token_id,
+        "mask": w.add_mask_token_id,
+    }
+    for name, token_id in vocab.special_ids.items():
+        setters[name](token_id)
+    w.add_add_bos_token(vocab.add_bos)
+    w.add_add_eos_token(vocab.add_eos)
+    w.add_add_sep_token(False)
+    w.add_add_space_prefix(False)  # Gemma's tokenizer adds no leading "▁"
+    template = chat_template if chat_template is not None else vocab.chat_template
+    if template:
+        w.add_chat_template(template)
+
+
+def _read_config(model_dir: Path) -> dict[str, Any]:
+    path = model_dir / "config.json"
+    if not path.is_file():
+        raise UserError(f"no config.json in {model_dir}: expected a merged Hugging Face model folder")
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as e:
+        raise UserError(f"{path} is not valid JSON: {e}") from e
+
+
+def write_gguf(
+    model_dir: Path, out_path: Path, quant: str, *, chat_template: str | None = None, name: str | None = None
+) -> Path:
+    """Write `model_dir` (merged HF, text-only Gemma) as a GGUF of type `quant` at `out_path`;
+    `name` is general.name (default: the folder's name, as llama.cpp's converter)."""
+    if quant not in _QUANTS:
+        raise UserError(f"unknown GGUF quant {quant!r}; choose one of: {', '.join(GGUF_QUANTS)}")
+    model_dir, out_path = Path(model_dir), Path(out_path)
+    cfg = _read_config(model_dir)
+    model_type = cfg.get("model_type", "")
+    family = family_for_model_type(model_type)  # UserError for non-Gemma models
+    if model_type not in _HPARAM_WRITERS:
+        raise UserError(
+            f"GGUF export does not support model_type {model_type!r} yet; supported: {', '.join(_HPARAM_WRITERS)}"
+        )
+    arch = next(a for a, n in gguf.MODEL_ARCH_NAMES.items() if n == family.gguf_arch)
+    file_type, weights = _QUANTS[quant]
+    plan = _plan(model_dir, cfg, arch, weights)
+    embedding = next((t for t in plan if t.hf_name.endswith("embed_tokens.weight")), None)
+    if embedding is None:
+        raise UserError(f"no embed_tokens.weight among the weights in {model_dir}")
+
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    # hidden and unique; not mkstemp, whose 0600 mode would hide the file from an `ollama` user
+    tmp = out_path.with_name(f".{out_path.name}.{uuid.uuid4().hex[:12]}.tmp")
+    writer = gguf.GGUFWriter(tmp, family.gguf_arch)
+    try:
+        for t in plan:  # float32 stands for "not raw bytes": shapes stay logical
+            writer.add_tensor_info(t.gguf_name, t.shape, np.dtype(np.float32), t.nbytes, raw_dtype=t.qtype)
+        writer.add_type(gguf.GGUFType.MODEL)
+        writer.add_name(name or model_dir.resolve().name)
+        writer.add_size_label(gguf.size_label(*writer.get_total_parameter_count()))
+        _HPARAM_WRITERS[model_type](writer, cfg)
+        writer.add_file_type(file_type)
+        writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
+        _vocab_to_gguf(writer, model_dir, embedding.shape[0], chat_template)
+
+        writer.write_header_to_file()
+        writer.write_kv_data_to_file()
+        writer.write_ti_data_to_file()
+        for data in _converted(plan, family.gguf_norm_shift):
+            writer.write_tensor_data(data)
+        writer.close()
+        os.replace(tmp, out_path)
+    except BaseException:
+        writer.close()
+        tmp.unlink(missing_ok=True)
+        raise
+    return out_path

@@ -1,0 +1,184 @@
+"""Gemma's SentencePiece vocabulary as GGUF wants it (`tokenizer.ggml.model = "llama"`).
+
+llama.cpp's SentencePiece tokenizer merges the pair whose result has the highest score, so the
+scores must exist even when only a tokenizer.json is at hand. Two sources:
+
+- `tokenizer.model` (SentencePiece): pieces, scores and kinds read as they are.
+- `tokenizer.json` (BPE, what transformers writes for Gemma and rebuilds from a GGUF file): no
+  scores. SentencePiece's BPE trainer scores its normal pieces -0, -1, -2, ... in id order, and
+  transformers derives the merge order from that same order, so they are rebuilt as such. Checked
+  against the official Gemma 3 GGUF: equal, except that its single characters (never the result of
+  a merge, so never compared by llama.cpp) come after a gap of 31.
+
+Added tokens then override both, as llama.cpp's converter does: special ones become CONTROL, the
+others USER_DEFINED with "▁" written back as a space.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from gguf import TokenType
+
+from gemmaforge.errors import UserError
+
+SPIECE_SPACE = "\u2581"  # "▁": SentencePiece's spelling of a space
+ADDED_TOKEN_SCORE = -1000.0  # what llama.cpp's converter gives added (control / user-defined) tokens
+SPECIAL_NAMES = ("bos", "eos", "unk", "pad", "mask")
+_BYTE_PIECE = re.compile(r"^<0x[0-9A-Fa-f]{2}>$")
+
+# sentencepiece_model.proto ModelProto.SentencePiece.Type -> GGUF token type (same numbering)
+_SPM_KINDS = {
+    1: TokenType.NORMAL,
+    2: TokenType.UNKNOWN,
+    3: TokenType.CONTROL,
+    4: TokenType.USER_DEFINED,
+    5: TokenType.UNUSED,
+    6: TokenType.BYTE,
+}
+
+
+@dataclass(frozen=True)
+class Vocab:
+    tokens: list[str]
+    scores: list[float]
+    types: list[int]  # gguf.TokenType values
+    special_ids: dict[str, int]  # "bos", "eos", "unk", "pad", "mask" -> token id (those present)
+    add_bos: bool
+    add_eos: bool
+    chat_template: str | list[dict[str, str]] | None  # the tokenizer's own, if it has one
+
+
+def load_vocab(model_dir: Path, n_vocab: int) -> Vocab:
+    """The vocabulary of `model_dir`, padded to `n_vocab` entries (the embedding's rows)."""
+    tok_json = _read_json(model_dir / "tokenizer.json")
+    tok_config = _read_json(model_dir / "tokenizer_config.json") or {}
+    added = list((tok_json or {}).get("added_tokens", []))
+    added += [dict(t, id=int(i)) for i, t in tok_config.get("added_tokens_decoder", {}).items()]
+    spm_path = model_dir / "tokenizer.model"
+    if spm_path.is_file():
+        tokens, scores, types = _from_sentencepiece(spm_path)
+    elif tok_json is not None:
+        tokens, scores, types = _from_tokenizer_json(tok_json, {int(t["id"]) for t in added})
+    else:
+        raise UserError(f"no tokenizer in {model_dir}: expected tokenizer.json or tokenizer.model")
+    for entry in added:
+        _apply_added_token(tokens, scores, types, entry)
+    for i, kind in enumerate(types):
+        if kind == TokenType.USER_DEFINED:  # llama.cpp matches user-defined text as typed
+            tokens[i] = tokens[i].replace(SPIECE_SPACE, " ")
+
+    if len(tokens) > n_vocab:
+        raise UserError(
+            f"the tokenizer in {model_dir} has {len(tokens)} tokens but the model's embedding has only {n_vocab} rows"
+        )
+    for i in range(len(tokens), n_vocab):  # rows the tokenizer never produces
+        tokens.append(f"[PAD{i}]")
+        scores.append(ADDED_TOKEN_SCORE)
+        types.append(TokenType.UNUSED)
+
+    return Vocab(
+        tokens=tokens,
+        scores=scores,
+        types=[int(t) for t in types],
+        special_ids=_special_ids(model_dir, tok_config, tokens),
+        add_bos=bool(tok_config.get("add_bos_token", True)),  # Gemma needs BOS; transformers 5 omits the flag
+        add_eos=bool(tok_config.get("add_eos_token", False)),
+        chat_template=_chat_template(model_dir, tok_config),
+    )
+
+
+def _from_sentencepiece(path: Path) -> tuple[list[str], list[float], list[TokenType]]:
+    from sentencepiece import sentencepiece_model_pb2  # only needed for this input
+
+    proto = sentencepiece_model_pb2.ModelProto()
+    proto.ParseFromString(path.read_bytes())
+    tokens = [p.piece for p in proto.pieces]
+    scores = [float(p.score) for p in proto.pieces]
+    types = [_SPM_KINDS.get(p.type, TokenType.NORMAL) for p in proto.pieces]
+    return tokens, scores, types
+
+
+def _from_tokenizer_json(
+    tok_json: dict[str, Any],
+    added_ids: set[int],
+) -> tuple[list[str], list[float], list[TokenType]]:
+    model = tok_json["model"]
+    if model["type"] != "BPE":
+        raise UserError(f"tokenizer.json: model type {model['type']!r} is not Gemma's (BPE)")
+    pieces = [piece for piece, _ in sorted(model["vocab"].items(), key=lambda kv: kv[1])]
+    if sorted(model["vocab"].values()) != list(range(len(pieces))):
+        raise UserError("tokenizer.json: BPE vocabulary ids are not contiguous from 0")
+
+    byte_fallback = bool(model.get("byte_fallback"))
+    unk = model.get("unk_token")
+    tokens: list[str] = []
+    scores: list[float] = []
+    types: list[TokenType] = []
+    n_normal = 0
+    for token_id, piece in enumerate(pieces):
+        if token_id in added_ids:  # typed and scored by _apply_added_token
+            kind, score = TokenType.CONTROL, ADDED_TOKEN_SCORE
+        elif byte_fallback and _BYTE_PIECE.match(piece):
+            kind, score = TokenType.BYTE, 0.0
+        elif piece == unk:
+            kind, score = TokenType.UNKNOWN, 0.0
+        elif len(piece) > 1 and piece == SPIECE_SPACE * len(piece):
+            # Gemma's runs of spaces are user-defined pieces; transformers' GGUF import respells
+            # them with "▁" and leaves them out of added_tokens, so restore what the original had.
+            kind, score = TokenType.USER_DEFINED, ADDED_TOKEN_SCORE
+        else:
+            kind, score = TokenType.NORMAL, -float(n_normal)
+            n_normal += 1
+        tokens.append(piece)
+        scores.append(score)
+        types.append(kind)
+    return tokens, scores, types
+
+
+def _apply_added_token(tokens: list[str], scores: list[float], types: list[TokenType], entry: dict[str, Any]) -> None:
+    token_id, content = int(entry["id"]), str(entry["content"])
+    while len(tokens) <= token_id:  # added beyond the base vocabulary
+        tokens.append(f"[PAD{len(tokens)}]")
+        scores.append(ADDED_TOKEN_SCORE)
+        types.append(TokenType.UNUSED)
+    types[token_id] = TokenType.CONTROL if entry.get("special") else TokenType.USER_DEFINED
+    tokens[token_id] = content
+    scores[token_id] = ADDED_TOKEN_SCORE
+
+
+def _special_ids(model_dir: Path, tok_config: dict[str, Any], tokens: list[str]) -> dict[str, int]:
+    """Ids of bos/eos/unk/pad/mask: by the text tokenizer_config names, else config.json's ids."""
+    config = _read_json(model_dir / "config.json") or {}
+    index = {t: i for i, t in enumerate(tokens)}
+    ids: dict[str, int] = {}
+    for name in SPECIAL_NAMES:
+        text = tok_config.get(f"{name}_token")
+        if isinstance(text, dict):  # older tokenizer_config spells an AddedToken as a dict
+            text = text.get("content")
+        if isinstance(text, str) and text in index:
+            ids[name] = index[text]
+        elif isinstance(config.get(f"{name}_token_id"), int):
+            ids[name] = config[f"{name}_token_id"]
+    return ids
+
+
+def _chat_template(model_dir: Path, tok_config: dict[str, Any]) -> str | list[dict[str, str]] | None:
+    template = tok_config.get("chat_template")
+    jinja = model_dir / "chat_template.jinja"  # where transformers >= 4.43 saves it
+    if template is None and jinja.is_file():
+        template = jinja.read_text(encoding="utf-8")
+    return template
+
+
+def _read_json(path: Path) -> dict[str, Any] | None:
+    if not path.is_file():
+        return None
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as e:
+        raise UserError(f"{path} is not valid JSON: {e}") from e

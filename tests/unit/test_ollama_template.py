@@ -1,0 +1,50 @@
+"""The Modelfile TEMPLATE, executed by Go's text/template as Ollama executes it, renders the same
+prompt as training (less the leading <bos>, which the runtime adds)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from gemmaforge.families import FAMILIES
+from gemmaforge.templates import Message, ollama_template, render_conversation
+
+GO_RENDERER = Path(__file__).parents[1] / "fixtures" / "gotemplate" / "main.go"
+
+CHATS: dict[str, list[Message]] = {
+    "single": [{"role": "user", "content": "什么是手冲咖啡？"}],
+    "system": [{"role": "system", "content": "你是一位咖啡师。"}, {"role": "user", "content": "拿铁是什么？"}],
+    "history": [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "Hello"},
+        {"role": "assistant", "content": "Hi! How can I help?"},
+        {"role": "user", "content": "Name a coffee."},
+    ],
+    "multiline": [{"role": "user", "content": "Line one\n\nline two:\n- a\n- b"}],
+}
+
+
+@pytest.fixture(scope="module")
+def go_renderer(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    if shutil.which("go") is None:
+        pytest.skip("Go toolchain not installed (.ci/run installs golang-go)")
+    binary = tmp_path_factory.mktemp("go") / "render"
+    subprocess.run(["go", "build", "-o", str(binary), str(GO_RENDERER)], check=True)
+    return binary
+
+
+def go_render(binary: Path, template: str, messages: list[Message]) -> str:
+    request = json.dumps({"template": template, "messages": messages})
+    return subprocess.run([binary], input=request, capture_output=True, text=True, check=True).stdout
+
+
+@pytest.mark.parametrize("family", ["gemma3", "gemma4"])
+@pytest.mark.parametrize("chat", list(CHATS))
+def test_ollama_renders_the_training_prompt(go_renderer: Path, family: str, chat: str) -> None:
+    messages = CHATS[chat]
+    expected = render_conversation(messages, FAMILIES[family], add_generation_prompt=True).text
+    assert go_render(go_renderer, ollama_template(FAMILIES[family]), messages) == expected.removeprefix("<bos>")

@@ -1,0 +1,98 @@
+"""train -> merge -> export on a tiny random Gemma 3 through the real CLI entry point."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import pytest
+from safetensors.torch import load_file
+
+from gemmaforge.cli import main
+from gemmaforge.families import FAMILIES
+from gemmaforge.templates import render_conversation
+from tests.helpers import write_config
+
+TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj")
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory: pytest.TempPathFactory, tiny_gemma3_dir: Path) -> tuple[Path, str]:
+    tmp = tmp_path_factory.mktemp("pipeline")
+    before = hashlib.sha256((tiny_gemma3_dir / "model.safetensors").read_bytes()).hexdigest()
+    assert main(["run", str(write_config(tmp, tiny_gemma3_dir))]) == 0
+    return tmp / "run", before
+
+
+def test_run_dir_contract(tiny_run: tuple[Path, str]) -> None:
+    run, _ = tiny_run
+    for name in ("run.yaml", "manifest.json", "metrics.jsonl", "loss.png", "adapter/adapter_config.json",
+                 "adapter/adapter_model.safetensors", "merged/model.safetensors", "merged/tokenizer.json",
+                 "gguf/model-f16.gguf", "gguf/model-q8_0.gguf", "ollama/Modelfile", "data/train.jsonl",
+                 "data/val.jsonl", "data/stats.json"):
+        assert (run / name).is_file(), name
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["checkpoint-2", "checkpoint-4"]
+    assert not list(run.rglob("*.tmp")), "no temporary file may survive a successful run"
+
+
+def test_manifest_records_versions_base_and_stages(tiny_run: tuple[Path, str], tiny_gemma3_dir: Path) -> None:
+    manifest = json.loads((tiny_run[0] / "manifest.json").read_text())
+    assert manifest["template_family"] == "gemma3"
+    assert manifest["base_model"]["path"] == str(tiny_gemma3_dir.resolve())
+    assert {"torch", "transformers", "peft", "gguf"} <= set(manifest["versions"])
+    stages = manifest["stages"]
+    assert list(stages) == ["data", "train", "merge", "export_gguf", "export_ollama"]
+    assert all(s["status"] == "done" and s["runtime_s"] >= 0 for s in stages.values())
+    assert len(stages["data"]["train_sha256"]) == 64
+    assert stages["train"]["steps"] == 4 and stages["train"]["precision"] in ("fp32", "bf16")
+
+
+def test_metrics_have_one_row_per_log_step(tiny_run: tuple[Path, str]) -> None:
+    rows = [json.loads(line) for line in (tiny_run[0] / "metrics.jsonl").read_text().splitlines()]
+    train_rows = [r for r in rows if "loss" in r]
+    assert [r["step"] for r in train_rows] == [1, 2, 3, 4]
+    assert all({"loss", "learning_rate", "grad_norm"} <= set(r) for r in train_rows)
+    assert [r["step"] for r in rows if "eval_loss" in r] == [2, 4]
+
+
+def test_base_unchanged_lora_trained_merge_applies_it(tiny_run: tuple[Path, str], tiny_gemma3_dir: Path) -> None:
+    run, before = tiny_run
+    assert hashlib.sha256((tiny_gemma3_dir / "model.safetensors").read_bytes()).hexdigest() == before
+    adapter = load_file(run / "adapter" / "adapter_model.safetensors")
+    lora_b = {k: v for k, v in adapter.items() if "lora_B" in k}
+    assert len(lora_b) == 2 * len(TARGETS)  # 2 layers x 4 targets
+    assert all(v.abs().sum() > 0 for v in lora_b.values()), "lora_B starts at zero: every one must have moved"
+    base = load_file(tiny_gemma3_dir / "model.safetensors")
+    merged = load_file(run / "merged" / "model.safetensors")
+    assert set(merged) == set(base)
+    for name, tensor in base.items():
+        changed = not bool((merged[name] == tensor).all())
+        assert changed == any(f"{t}.weight" in name for t in TARGETS), name
+
+
+def test_merged_tokenizer_renders_the_training_format(tiny_run: tuple[Path, str]) -> None:
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_run[0] / "merged")
+    messages = json.loads((tiny_run[0] / "data" / "train.jsonl").read_text().splitlines()[0])["messages"]
+    assert tokenizer.apply_chat_template(messages, tokenize=False) == render_conversation(messages, FAMILIES["gemma3"]).text
+    config = json.loads((tiny_run[0] / "merged" / "config.json").read_text())
+    assert "quantization_config" not in config and config["model_type"] == "gemma3_text"
+
+
+def test_modelfile_points_at_q8_and_stops_at_end_of_turn(tiny_run: tuple[Path, str]) -> None:
+    text = (tiny_run[0] / "ollama" / "Modelfile").read_text()
+    assert "\nFROM ../gguf/model-q8_0.gguf\n" in text
+    assert 'PARAMETER stop "<end_of_turn>"' in text
+    assert "<bos>" not in text
+    assert "ollama create tiny-coffee -f Modelfile" in text
+
+
+def test_stages_run_alone_on_the_run_dir(tiny_run: tuple[Path, str]) -> None:
+    run = tiny_run[0]
+    (run / "ollama" / "Modelfile").unlink()
+    assert main(["export", "ollama", str(run)]) == 0
+    assert (run / "ollama" / "Modelfile").is_file()
+    assert main(["export", "gguf", str(run), "--quant", "f32"]) == 0
+    assert (run / "gguf" / "model-f32.gguf").stat().st_size > (run / "gguf" / "model-f16.gguf").stat().st_size
