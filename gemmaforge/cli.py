@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import warnings
 from pathlib import Path
 
 from gemmaforge import __version__, pipeline
@@ -64,6 +65,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    # transformers warns about its own deprecated API whenever PEFT wraps a model: noise to users.
+    warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
     try:
         dispatch(build_parser().parse_args(argv))
     except UserError as exc:

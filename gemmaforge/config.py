@@ -41,6 +41,12 @@ class LoraSection(Section):
     lora_dropout: float = Field(0.05, ge=0, lt=1)
     target_modules: list[str] | None = Field(None, description="None: the family's default targets")
     bias: Literal["none", "all", "lora_only"] = "none"
+    train_template_tokens: bool = Field(
+        True,
+        description="also train the embedding rows of the chat markers (<start_of_turn>, <end_of_turn>): base "
+        "Gemma checkpoints never trained them, and through frozen tied embeddings a LoRA alone cannot "
+        "learn to emit <end_of_turn>, so answers would never stop",
+    )
 
 
 class TrainConfig(Section):
@@ -57,13 +63,13 @@ class TrainConfig(Section):
     logging_steps: int = Field(5, ge=1)
     save_steps: int = Field(50, ge=1)
     save_total_limit: int | None = Field(2, ge=1)
-    precision: Literal["auto", "bf16", "fp32"] = "auto"
+    precision: Literal["auto", "bf16", "fp16", "fp32"] = "auto"
     seed: int = 42
 
 
 class OllamaConfig(Section):
     name: str | None = Field(None, description="model name for `ollama create`; default: the run name")
-    system: str | None = None
+    system: str | None = Field(None, description="Modelfile SYSTEM; default: data.system, as in training")
     temperature: float = Field(0.7, ge=0)
     top_p: float = Field(0.95, gt=0, le=1)
     top_k: int = Field(64, ge=0)

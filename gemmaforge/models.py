@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+import multiprocessing
 import os
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -93,7 +95,7 @@ def _embedded_model(home: Path) -> tuple[Path, str]:
         ) from None
     target = home / "models" / EMBEDDED_NAME
     if not (target / "config.json").is_file():
-        console.print(f"[bold]gemmaforge[/]: preparing the embedded model {EMBEDDED_NAME} (once; ~2-3 minutes)")
+        console.print(f"[bold]gemmaforge[/]: preparing the embedded model {EMBEDDED_NAME} (once; about a minute or two)")
         console.print(EMBEDDED_LICENSE_NOTE)
         gguf = embedded.assemble(home / "downloads" / embedded.MODEL_NAME)
         _convert_gguf_to_hf(gguf, target)
@@ -109,20 +111,28 @@ def _converted_gguf(gguf: Path, home: Path) -> Path:
 
 
 def _convert_gguf_to_hf(gguf: Path, target: Path) -> None:
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
 
     with atomic_dir(target) as tmp:
-        console.print("  converting the tokenizer ...")
-        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-        console.print("  dequantizing the weights ...")
-        model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name)
-        # The GGUF quantizer stays attached after loading; saving would otherwise record it.
-        model.hf_quantizer = None
-        if hasattr(model.config, "quantization_config"):
-            del model.config.quantization_config
-        model.save_pretrained(tmp)
-        tokenizer.save_pretrained(tmp)
+        # Both halves are mostly single-threaded GGUF parsing: convert the tokenizer in a second
+        # process while this one dequantizes the weights.
+        with ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn")) as pool:
+            console.print("  converting the tokenizer and dequantizing the weights ...")
+            tokenizer_done = pool.submit(_save_tokenizer_from_gguf, gguf, tmp)
+            model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name)
+            # The GGUF quantizer stays attached after loading; saving would otherwise record it.
+            model.hf_quantizer = None
+            if hasattr(model.config, "quantization_config"):
+                del model.config.quantization_config
+            model.save_pretrained(tmp)
+            tokenizer_done.result()
     console.print(f"  saved to {target}")
+
+
+def _save_tokenizer_from_gguf(gguf: Path, out_dir: Path) -> None:
+    from transformers import AutoTokenizer
+
+    AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name).save_pretrained(out_dir)
 
 
 def _hub_snapshot(reference: str, revision: str | None) -> tuple[Path, str]:

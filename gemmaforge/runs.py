@@ -102,7 +102,13 @@ class RunDir:
     def manifest(self) -> dict[str, Any]:
         if self.manifest_path.is_file():
             return json.loads(self.manifest_path.read_text(encoding="utf-8"))
-        return {"created": _now(), "versions": _versions(), "platform": platform.platform(), "stages": {}}
+        return {
+            "created": _now(),
+            "versions": _versions(),
+            "platform": platform.platform(),
+            "device": _device(),
+            "stages": {},
+        }
 
     def update_manifest(self, **fields: Any) -> None:
         manifest = self.manifest()
@@ -166,6 +172,14 @@ def atomic_dir(path: Path) -> Iterator[Path]:
 
 def _now() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+def _device() -> str:
+    import torch
+
+    if torch.cuda.is_available():  # ROCm builds answer here too, with the AMD GPU's name
+        return f"{torch.cuda.get_device_name(0)} ({torch.cuda.device_count()} GPU)"
+    return f"cpu ({os.cpu_count()} cores)"
 
 
 def _versions() -> dict[str, str]:

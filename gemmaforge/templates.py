@@ -121,38 +121,38 @@ def hf_chat_template(family: Family) -> str:
 
 # ---------------------------------------------------------------------------- Ollama Go template
 
-# No <bos>: the runtime adds it. `.System` holds the system messages Ollama collected.
-_OLLAMA_FOLDED_SYSTEM = """{{- $first := true }}
-{{- range $i, $m := .Messages }}
+# No <bos>: the runtime adds it. `.System` holds the system messages Ollama collected; system
+# messages also stay in `.Messages`, so the loop renders only user and assistant turns.
+_OLLAMA_LOOP = """{{- range $i, $m := .Messages }}
 {{- $last := eq (len (slice $.Messages $i)) 1 }}
 {{- if eq $m.Role "user" }}@START@user
-{{ if and $first $.System }}{{ $.System }}@SEP@{{ end }}{{ $m.Content }}@END@
-{{ $first = false }}
-{{- if $last }}@START@model
-{{ end }}
+@USER_TURN@
 {{- else if eq $m.Role "assistant" }}@START@model
 {{ $m.Content }}{{ if not $last }}@END@
 {{ end }}
 {{- end }}
 {{- end }}"""
+
+# Gemma 1-3: the system text opens the first user turn.
+_OLLAMA_USER_FOLDED = """{{ if and $first $.System }}{{ $.System }}@SEP@{{ end }}{{ $m.Content }}@END@
+{{ $first = false }}
+{{- if $last }}@START@model
+{{ end }}"""
+
+_OLLAMA_USER = """{{ $m.Content }}@END@
+{{ if $last }}@START@model
+{{ end }}"""
 
 _OLLAMA_SYSTEM_TURN = """{{- if .System }}@START@system
 {{ .System }}@END@
 {{ end }}
-{{- range $i, $m := .Messages }}
-{{- $last := eq (len (slice $.Messages $i)) 1 }}
-{{- if eq $m.Role "user" }}@START@user
-{{ $m.Content }}@END@
-{{ if $last }}@START@model
-{{ end }}
-{{- else if eq $m.Role "assistant" }}@START@model
-{{ $m.Content }}{{ if not $last }}@END@
-{{ end }}
-{{- end }}
-{{- end }}"""
+"""
 
 
 def ollama_template(family: Family) -> str:
     chat = family.chat
-    text = _OLLAMA_SYSTEM_TURN if chat.system_turn else _OLLAMA_FOLDED_SYSTEM
+    if chat.system_turn:
+        text = _OLLAMA_SYSTEM_TURN + _OLLAMA_LOOP.replace("@USER_TURN@", _OLLAMA_USER)
+    else:
+        text = "{{- $first := true }}\n" + _OLLAMA_LOOP.replace("@USER_TURN@", _OLLAMA_USER_FOLDED)
     return text.replace("@START@", chat.turn_start).replace("@END@", chat.turn_end).replace("@SEP@", chat.system_separator)

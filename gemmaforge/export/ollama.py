@@ -37,8 +37,10 @@ def render_modelfile(gguf_relpath: str, family: Family, config: RunConfig) -> st
         f"FROM {gguf_relpath}",
         f'TEMPLATE """{ollama_template(family)}"""',
     ]
-    if o.system:
-        lines.append(f'SYSTEM """{o.system}"""')
+    # The system prompt the model was trained with, unless the export names another one.
+    system = o.system or config.data.system
+    if system:
+        lines.append(f'SYSTEM """{system}"""')
     lines += [f'PARAMETER stop "{stop}"' for stop in family.stop]
     lines += [
         f"PARAMETER temperature {o.temperature}",

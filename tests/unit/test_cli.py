@@ -86,3 +86,11 @@ def test_offline_hub_id_is_a_clear_error(tmp_path: Path, capsys: pytest.CaptureF
     config = write_config(tmp_path, "google/gemma-3-1b-it-not-cached")
     assert main(["train", str(config)]) == 2
     assert "the hub could not provide it" in capsys.readouterr().err
+
+
+def test_fp16_on_gemma3_is_refused_with_the_reason(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                    tiny_gemma3_dir: Path) -> None:
+    config = write_config(tmp_path, tiny_gemma3_dir, precision="fp16")
+    assert main(["train", str(config)]) == 2
+    assert "train.precision=fp16: gemma3 activations overflow in fp16" in capsys.readouterr().err
+    assert not (tmp_path / "run" / "adapter").exists()

@@ -13,9 +13,9 @@ from gguf import MODEL_TENSOR, Keys, TokenType
 from gguf import GGMLQuantizationType as QType
 from safetensors.torch import load_file, save_file
 
+from gemmaforge.config import GGUF_QUANTS, ExportConfig
 from gemmaforge.errors import UserError
 from gemmaforge.export import gguf as gguf_export
-from gemmaforge.config import GGUF_QUANTS, ExportConfig
 from gemmaforge.export.gguf import _QUANTS, write_gguf
 from gemmaforge.export.gguf_vocab import load_vocab
 

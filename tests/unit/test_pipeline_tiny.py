@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from pathlib import Path
 
 import pytest
+import torch
 from safetensors.torch import load_file
 
 from gemmaforge.cli import main
@@ -41,6 +43,8 @@ def test_manifest_records_versions_base_and_stages(tiny_run: tuple[Path, str], t
     assert manifest["template_family"] == "gemma3"
     assert manifest["base_model"]["path"] == str(tiny_gemma3_dir.resolve())
     assert {"torch", "transformers", "peft", "gguf"} <= set(manifest["versions"])
+    if not torch.cuda.is_available():
+        assert manifest["device"] == f"cpu ({os.cpu_count()} cores)"
     stages = manifest["stages"]
     assert list(stages) == ["data", "train", "merge", "export_gguf", "export_ollama"]
     assert all(s["status"] == "done" and s["runtime_s"] >= 0 for s in stages.values())
@@ -63,10 +67,16 @@ def test_base_unchanged_lora_trained_merge_applies_it(tiny_run: tuple[Path, str]
     lora_b = {k: v for k, v in adapter.items() if "lora_B" in k}
     assert len(lora_b) == 2 * len(TARGETS)  # 2 layers x 4 targets
     assert all(v.abs().sum() > 0 for v in lora_b.values()), "lora_B starts at zero: every one must have moved"
+    token_deltas = [v for k, v in adapter.items() if "trainable_tokens_delta" in k]
+    assert len(token_deltas) == 1 and token_deltas[0].shape[0] == 2 and token_deltas[0].abs().sum() > 0
     base = load_file(tiny_gemma3_dir / "model.safetensors")
     merged = load_file(run / "merged" / "model.safetensors")
     assert set(merged) == set(base)
     for name, tensor in base.items():
+        if name.endswith("embed_tokens.weight"):  # only the chat-marker rows were trained
+            changed_rows = (merged[name] != tensor).any(dim=1).nonzero().flatten().tolist()
+            assert changed_rows == [105, 106]
+            continue
         changed = not bool((merged[name] == tensor).all())
         assert changed == any(f"{t}.weight" in name for t in TARGETS), name
 
@@ -87,6 +97,18 @@ def test_modelfile_points_at_q8_and_stops_at_end_of_turn(tiny_run: tuple[Path, s
     assert 'PARAMETER stop "<end_of_turn>"' in text
     assert "<bos>" not in text
     assert "ollama create tiny-coffee -f Modelfile" in text
+    assert "SYSTEM" not in text  # trained without a system prompt
+
+
+def test_modelfile_carries_the_training_system_prompt(tmp_path: Path) -> None:
+    from gemmaforge.config import load_config
+    from gemmaforge.export.ollama import render_modelfile
+
+    config = load_config(write_config(tmp_path, "unused"), ["data.system=你是咖啡师。"])
+    text = render_modelfile("../gguf/model-q8_0.gguf", FAMILIES["gemma3"], config)
+    assert 'SYSTEM """你是咖啡师。"""' in text
+    config = load_config(write_config(tmp_path, "unused"), ["data.system=A", "export.ollama.system=B"])
+    assert 'SYSTEM """B"""' in render_modelfile("x.gguf", FAMILIES["gemma3"], config)
 
 
 def test_stages_run_alone_on_the_run_dir(tiny_run: tuple[Path, str]) -> None:
