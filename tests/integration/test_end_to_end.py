@@ -15,9 +15,9 @@ from gemmaforge.cli import main
 from gemmaforge.families import FAMILIES
 from gemmaforge.templates import render_conversation
 from tests.helpers import write_config
-from tests.integration.test_llama_cpp_gguf import load, relative_error
+from tests.integration.test_llama_cpp_gguf import greedy, load, relative_error
 
-llama_cpp = pytest.importorskip("llama_cpp")
+pytest.importorskip("llama_cpp")
 pytestmark = pytest.mark.integration
 
 PROMPTS = ["什么是冷萃咖啡？", "How should I store coffee beans?", "浓缩咖啡为什么会有油脂？"]
@@ -47,21 +47,6 @@ def greedy_transformers(model_dir: Path, prompts: list[str]) -> list[list[int]]:
     return outputs
 
 
-def greedy_llama(gguf: Path, tokenizer, prompts: list[str]) -> list[list[int]]:
-    llm = llama_cpp.Llama(model_path=str(gguf), n_ctx=256, n_threads=2, verbose=False, seed=0)
-    outputs = []
-    for text in prompts:
-        llm.reset()
-        tokens: list[int] = []
-        ids = tokenizer(text, add_special_tokens=False).input_ids  # same ids for both runtimes
-        for token in llm.generate(ids, temp=0.0, top_k=1, repeat_penalty=1.0, reset=True):
-            tokens.append(token)
-            if len(tokens) == NEW_TOKENS:
-                break
-        outputs.append(tokens)
-    return outputs
-
-
 @pytest.fixture(scope="module")
 def chat_prompts() -> list[str]:
     return [
@@ -81,7 +66,9 @@ def test_llama_cpp_continues_chat_prompts_exactly_like_the_merged_model(
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(run_dir / "merged")
-    assert greedy_llama(run_dir / "gguf" / "model-f16.gguf", tokenizer, chat_prompts) == merged_greedy
+    llm = load(run_dir / "gguf" / "model-f16.gguf", logits_all=True)
+    for prompt, expected in zip(chat_prompts, merged_greedy):  # same prompt ids for both runtimes
+        assert greedy(llm, tokenizer(prompt, add_special_tokens=False).input_ids, NEW_TOKENS) == expected
 
 
 def test_llama_cpp_runs_the_q8_0_file_close_to_the_merged_model(
