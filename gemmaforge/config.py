@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from gemmaforge.errors import UserError
 
@@ -28,11 +28,56 @@ class ModelConfig(Section):
     revision: str | None = None
 
 
+class CleanConfig(Section):
+    """Each step is counted by reason in data/stats.json (dropped or changed examples)."""
+
+    strip_html: bool = Field(True, description="remove HTML tags and decode entities (never inside `code`)")
+    remove_control_chars: bool = Field(True, description="remove control, zero-width and invalid characters")
+    unicode_normalization: Literal["NFC", "NFKC"] | None = Field(
+        None, description="NFKC also turns full-width punctuation into ASCII: off unless asked"
+    )
+    drop_empty: bool = Field(False, description="drop examples with an empty turn; false: an empty answer is an error")
+    min_answer_tokens: int = Field(1, ge=0, description="drop conversations whose answers have fewer tokens")
+    overlong: Literal["drop", "truncate"] = Field(
+        "drop", description="examples over train.cutoff_len tokens: drop them, or cut the last answer to fit"
+    )
+    dedup: Literal["none", "exact", "near"] = Field("exact", description="near: MinHash over character 5-grams")
+    near_dup_threshold: float = Field(0.9, gt=0, le=1, description="estimated Jaccard similarity for 'near'")
+
+
 class DataConfig(Section):
-    path: str = Field(..., description="dataset file (alpaca JSON array or JSONL)")
-    format: Literal["auto", "alpaca"] = "auto"
-    val_size: float = Field(0.1, ge=0, description="ratio in [0, 1) or a count of examples >= 1")
+    path: str = Field(
+        ..., description="dataset file (JSON, JSONL, CSV, Parquet), a folder of them, or a LLaMA-Factory data "
+        "folder with dataset_info.json"
+    )
+    dataset: list[str] = Field(default_factory=list, description="LLaMA-Factory dataset name(s) in dataset_info.json")
+    format: Literal["auto", "alpaca", "sharegpt", "openai"] = "auto"
+    columns: dict[str, str | None] | None = Field(None, description="column names, as LLaMA-Factory's `columns`")
+    tags: dict[str, str] | None = Field(None, description="role tags, as LLaMA-Factory's `tags`")
+    eval_path: str | None = Field(None, description="an explicit validation file instead of a split")
+    val_size: float | None = Field(
+        None, ge=0, description="ratio in [0, 1) or a count >= 1 (default 0.1; 0 with eval_path)"
+    )
     system: str | None = Field(None, description="system prompt added to every example without one")
+    train_on_prompt: bool = Field(False, description="also compute loss on prompts (default: answers only)")
+    mask_history: bool = Field(False, description="loss on the last answer of each conversation only")
+    clean: CleanConfig = Field(default_factory=CleanConfig)
+
+    @field_validator("dataset", mode="before")
+    @classmethod
+    def _split_names(cls, value: Any) -> Any:
+        # `dataset: a,b` as in LLaMA-Factory configs
+        return [n.strip() for n in value.split(",") if n.strip()] if isinstance(value, str) else value
+
+    @model_validator(mode="after")
+    def _one_validation_source(self) -> DataConfig:
+        if self.eval_path is not None and self.val_size:
+            raise ValueError("set data.eval_path or data.val_size, not both")
+        return self
+
+    @property
+    def validation_size(self) -> float:
+        return 0.0 if self.eval_path is not None else (0.1 if self.val_size is None else self.val_size)
 
 
 class LoraSection(Section):
@@ -102,11 +147,12 @@ def load_config(path: Path, overrides: list[str] | tuple[str, ...] = ()) -> RunC
     but are resolved against the config file's folder when relative and not found from the cwd."""
     raw = _read_yaml(path)
     for item in overrides:
-        _apply_override(raw, item)
+        apply_override(raw, item)
     config = validate_config(raw, source=str(path))
-    data_path = Path(config.data.path)
-    if not data_path.is_absolute() and not data_path.exists() and (path.parent / data_path).exists():
-        config.data.path = str(path.parent / data_path)
+    for key in ("path", "eval_path"):
+        value = getattr(config.data, key)
+        if value and not Path(value).is_absolute() and not Path(value).exists() and (path.parent / value).exists():
+            setattr(config.data, key, str(path.parent / value))
     return config
 
 
@@ -140,7 +186,7 @@ def _read_yaml(path: Path) -> dict[str, Any]:
     return raw
 
 
-def _apply_override(raw: dict[str, Any], item: str) -> None:
+def apply_override(raw: dict[str, Any], item: str) -> None:
     key, sep, text = item.partition("=")
     if not sep or not key:
         raise UserError(f"override '{item}': expected key.sub=value, e.g. train.learning_rate=1e-4")

@@ -22,13 +22,18 @@ def base_model(run: RunDir, config: RunConfig, home: Path) -> ResolvedModel:
     return base
 
 
-def stage_data(run: RunDir, config: RunConfig) -> None:
-    from gemmaforge.data.prepare import prepare_data
+def stage_data(run: RunDir, config: RunConfig, base: ResolvedModel) -> None:
+    """Clean and split the dataset; token lengths are counted with the base model's tokenizer."""
+    from gemmaforge.data.prepare import prepare_data, summary_line
+    from gemmaforge.models import load_tokenizer
 
     with run.stage("data") as record:
-        stats = prepare_data(config.data, config.train.seed, run.data_dir)
-        record.update(stats)
-    console.print(f"[bold]data[/]: {stats['train']} train / {stats['val']} val examples -> {run.data_dir}")
+        stats = prepare_data(
+            config.data, config.train.seed, run.data_dir, load_tokenizer(base.path), base.family, config.train.cutoff_len
+        )
+        record.update({k: stats[k] for k in ("format", "records", "kept", "train", "val", "dropped", "changed")})
+        record.update(train_sha256=stats["train_sha256"], val_sha256=stats["val_sha256"])
+    console.print(f"[bold]data[/]: {summary_line(stats)} -> {run.data_dir}")
 
 
 def stage_train(run: RunDir, config: RunConfig, base: ResolvedModel) -> None:
@@ -78,8 +83,8 @@ def stage_export_ollama(run: RunDir, config: RunConfig, base: ResolvedModel, cre
 
 def run_all(config: RunConfig, home: Path) -> RunDir:
     run = RunDir.create(config)
-    stage_data(run, config)
     base = base_model(run, config, home)
+    stage_data(run, config, base)
     stage_train(run, config, base)
     stage_merge(run, base)
     stage_export_gguf(run, config, base, list(config.export.gguf))

@@ -28,8 +28,9 @@ class Rendered:
     supervised: list[tuple[int, int]]  # [start, end) character spans that carry loss
 
 
-def check_roles(messages: list[Message], where: str) -> None:
-    """Roles must be an optional leading system, then user/assistant alternating, user first."""
+def check_roles(messages: list[Message], where: str, require_answer: bool = False) -> None:
+    """Roles must be an optional leading system, then user/assistant alternating, user first; with
+    `require_answer` (training data) the conversation must end with an assistant turn."""
     body = messages[1:] if messages and messages[0]["role"] == "system" else messages
     if not body:
         raise UserError(f"{where}: conversation has no user turn")
@@ -40,11 +41,22 @@ def check_roles(messages: list[Message], where: str) -> None:
                 f"{where}: turn {i + 1} has role '{message['role']}', expected '{expected}' "
                 "(roles must alternate user/assistant after an optional system message)"
             )
+    if require_answer and body[-1]["role"] != "assistant":
+        raise UserError(f"{where}: the last turn is from the user; a training conversation must end with an answer")
 
 
-def render_conversation(messages: list[Message], family: Family, add_generation_prompt: bool = False) -> Rendered:
-    """The exact text the official template renders, plus the spans of assistant content and the
-    end-of-turn marker that closes each (the tokens the model must learn to emit)."""
+def render_conversation(
+    messages: list[Message],
+    family: Family,
+    add_generation_prompt: bool = False,
+    *,
+    train_on_prompt: bool = False,
+    mask_history: bool = False,
+) -> Rendered:
+    """The exact text the official template renders, plus the supervised spans: by default the
+    content of every assistant turn and the end-of-turn marker that closes it (the tokens the model
+    must learn to emit); with `mask_history` only the last answer; with `train_on_prompt` everything
+    after `<bos>`."""
     chat = family.chat
     system = messages[0]["content"] if messages and messages[0]["role"] == "system" else None
     turns = messages[1:] if system is not None else messages
@@ -64,22 +76,37 @@ def render_conversation(messages: list[Message], family: Family, add_generation_
             spans.append((start, start + len(body)))
     if add_generation_prompt:
         parts.append(f"{chat.turn_start}model\n")
-    return Rendered("".join(parts), spans)
+    text = "".join(parts)
+    if train_on_prompt:
+        spans = [(len(BOS), len(text))]
+    elif mask_history:
+        spans = spans[-1:]
+    return Rendered(text, spans)
+
+
+def supervised_labels(
+    ids: list[int], offsets: list[tuple[int, int]], spans: list[tuple[int, int]]
+) -> list[int]:
+    """Labels for a tokenized rendering: the id where the token starts inside a supervised span,
+    IGNORE_INDEX elsewhere."""
+    return [tok if any(s <= start < e for s, e in spans) else IGNORE_INDEX for tok, (start, _end) in zip(ids, offsets)]
 
 
 def encode_for_training(
-    messages: list[Message], tokenizer: Any, family: Family, cutoff_len: int
+    messages: list[Message],
+    tokenizer: Any,
+    family: Family,
+    cutoff_len: int,
+    *,
+    train_on_prompt: bool = False,
+    mask_history: bool = False,
 ) -> tuple[list[int], list[int]]:
-    """Token ids of the rendered text (tokenized once, as at inference) and labels that are the ids
-    inside supervised spans and IGNORE_INDEX elsewhere; truncated to cutoff_len tokens."""
-    rendered = render_conversation(messages, family)
+    """Token ids of the rendered text (tokenized once, as at inference) and their labels, truncated to
+    cutoff_len tokens."""
+    rendered = render_conversation(messages, family, train_on_prompt=train_on_prompt, mask_history=mask_history)
     enc = tokenizer(rendered.text, add_special_tokens=False, return_offsets_mapping=True)
     ids: list[int] = enc["input_ids"][:cutoff_len]
-    labels = [
-        tok if any(s <= start < e for s, e in rendered.supervised) else IGNORE_INDEX
-        for tok, (start, _end) in zip(ids, enc["offset_mapping"])
-    ]
-    return ids, labels
+    return ids, supervised_labels(ids, enc["offset_mapping"], rendered.supervised)
 
 
 # ---------------------------------------------------------------------------- HF jinja

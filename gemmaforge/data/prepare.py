@@ -1,72 +1,341 @@
-"""The data stage: read, convert to messages, split, and write data/{train,val}.jsonl + stats.json."""
+"""The data stage: read every source, convert to messages, clean, deduplicate, filter by token
+length, split; write train.jsonl, val.jsonl and stats.json.
+
+Records stream through in batches (tokenized together), so memory stays flat however large the
+dataset: the split is a second pass over a temporary file. Outputs appear only when everything
+succeeded: stats.json is removed first and written last, so its presence marks a complete stage.
+"""
 
 from __future__ import annotations
 
-import hashlib
 import json
+import os
 import random
+import shutil
+import statistics
+import time
+from array import array
+from bisect import bisect_left
+from collections import Counter
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
+
+from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn
 
 from gemmaforge.config import DataConfig
 from gemmaforge.console import console
-from gemmaforge.data.readers import alpaca_to_messages, detect_format, read_records
+from gemmaforge.data.clean import clean_messages
+from gemmaforge.data.dedup import Deduplicator
+from gemmaforge.data.formats import default_schema, detect_schema, schema_with, to_messages
+from gemmaforge.data.llamafactory import SourceSpec, dataset_info_sources, is_dataset_dir
+from gemmaforge.data.sources import data_files, file_sha256, iter_records
 from gemmaforge.errors import UserError
+from gemmaforge.families import Family
 from gemmaforge.runs import atomic_write_text
-from gemmaforge.templates import Message
+from gemmaforge.templates import Message, render_conversation
+
+BATCH_SIZE = 512  # conversations tokenized per call: the fast tokenizer's batching amortises its overhead
+OUTPUTS = ("train.jsonl", "val.jsonl", "stats.json")
 
 
-def load_conversations(config: DataConfig) -> tuple[list[list[Message]], str]:
-    """All records of the dataset as message lists, and the format used."""
+@dataclass
+class Tally:
+    """What happened to one source's records."""
+
+    label: str
+    path: str
+    format: str = ""
+    records: int = 0
+    kept: int = 0
+    dropped: Counter[str] = field(default_factory=Counter)
+    changed: Counter[str] = field(default_factory=Counter)
+
+
+def resolve_sources(config: DataConfig) -> tuple[list[SourceSpec], list[SourceSpec]]:
+    """(training sources, explicit validation sources) named by the data config."""
+    base = None if config.format == "auto" else default_schema(config.format)
+    if config.format == "auto" and (config.columns or config.tags):
+        raise UserError("data.columns / data.tags need data.format (alpaca, sharegpt or openai)")
+
+    def plain(path: str) -> SourceSpec:
+        schema = schema_with(base, config.columns, config.tags, "data") if base else None
+        return SourceSpec(Path(path), schema, Path(path).name)
+
     path = Path(config.path)
-    conversations: list[list[Message]] = []
-    fmt = config.format
-    for where, record in read_records(path):
-        if fmt == "auto":
-            fmt = detect_format(record, where)
-            console.print(f"[bold]gemmaforge[/]: {path}: detected format '{fmt}'")
-        conversations.append(alpaca_to_messages(record, where, system=config.system))
-    if not conversations:
-        raise UserError(f"{path}: no records; expected a JSON array or JSON Lines of records")
-    return conversations, fmt
+    if is_dataset_dir(path):
+        train = dataset_info_sources(path, config.dataset)
+    elif config.dataset:
+        raise UserError(f"data.dataset is set but {path} is not a folder with dataset_info.json")
+    else:
+        train = [plain(config.path)]
+    return train, [plain(config.eval_path)] if config.eval_path else []
 
 
-def split(items: list[Any], val_size: float, seed: int) -> tuple[list[Any], list[Any]]:
-    """Seeded shuffle, then the last `val_size` (ratio < 1, or count >= 1) go to validation."""
-    n_val = int(val_size) if val_size >= 1 else int(round(len(items) * val_size))
-    if n_val >= len(items):
-        raise UserError(f"data.val_size={val_size} leaves no training examples out of {len(items)}")
-    order = list(range(len(items)))
-    random.Random(seed).shuffle(order)
-    shuffled = [items[i] for i in order]
-    return shuffled[: len(items) - n_val], shuffled[len(items) - n_val :]
+class Preparer:
+    """Turns sources into cleaned, length-checked conversations written as JSON Lines."""
+
+    def __init__(self, config: DataConfig, tokenizer: Any, family: Family, cutoff_len: int, progress: Callable[[int], None]):
+        self.config, self.tokenizer, self.family, self.cutoff_len = config, tokenizer, family, cutoff_len
+        self.progress = progress
+        self.dedup = Deduplicator(config.clean.dedup, config.clean.near_dup_threshold)
+        self.lengths: array[int] = array("I")
+        self.supervised: array[int] = array("I")
+
+    def run(self, spec: SourceSpec, out: IO[str], seed: int) -> Tally:
+        tally = Tally(spec.label, str(spec.path))
+        schema = spec.schema
+        pending: list[list[Message]] = []
+        for where, record in self._records(spec, seed):
+            if schema is None:
+                schema = detect_schema(record, where)
+                console.print(f"[bold]data[/]: {spec.path}: detected format {schema.describe()}")
+            tally.records += 1
+            messages = self._convert(record, schema, where, tally)
+            if messages is not None:
+                pending.append(messages)
+            if len(pending) >= BATCH_SIZE:
+                self._write_batch(pending, tally, out)
+                pending = []
+        self._write_batch(pending, tally, out)
+        tally.format = schema.describe() if schema else ""
+        return tally
+
+    def _records(self, spec: SourceSpec, seed: int) -> Iterator[tuple[str, Any]]:
+        records = (item for path in data_files(spec.path) for item in iter_records(path, self.progress))
+        if spec.num_samples is None:
+            return records
+        # num_samples (LLaMA-Factory): a seeded random subset, so this one source is held in memory.
+        everything = list(records)
+        if spec.num_samples >= len(everything):
+            return iter(everything)
+        chosen = sorted(random.Random(seed).sample(range(len(everything)), spec.num_samples))
+        return iter([everything[i] for i in chosen])
+
+    def _convert(self, record: Any, schema: Any, where: str, tally: Tally) -> list[Message] | None:
+        clean = self.config.clean
+        messages = to_messages(record, schema, where, self.config.system)
+        empty = next((m for m in messages if not m["content"].strip()), None)
+        if empty is not None:
+            if not clean.drop_empty:
+                raise UserError(
+                    f"{where}: empty {empty['role']} turn; fix the record, or set data.clean.drop_empty=true "
+                    "to drop such records (they are counted in stats.json)"
+                )
+            tally.dropped["empty"] += 1
+            return None
+        messages, changes = clean_messages(messages, clean)
+        tally.changed.update(changes)
+        if any(not m["content"].strip() for m in messages):
+            tally.dropped["empty_after_cleaning"] += 1
+            return None
+        verdict = self.dedup.check("\n".join(m["content"].strip() for m in messages))
+        if verdict:
+            tally.dropped[verdict] += 1
+            return None
+        return messages
+
+    def _write_batch(self, batch: list[list[Message]], tally: Tally, out: IO[str]) -> None:
+        if not batch:
+            return
+        rendered = [render_conversation(m, self.family) for m in batch]
+        encoded = self.tokenizer([r.text for r in rendered], add_special_tokens=False, return_offsets_mapping=True)
+        for messages, r, offsets in zip(batch, rendered, encoded["offset_mapping"]):
+            starts = [start for start, _ in offsets]
+            answer_tokens = count_in_spans(starts, r.supervised) - len(r.supervised)  # less the end markers
+            if answer_tokens < self.config.clean.min_answer_tokens:
+                tally.dropped["too_short"] += 1
+                continue
+            if len(starts) > self.cutoff_len:
+                truncated = self._truncate(messages) if self.config.clean.overlong == "truncate" else None
+                if truncated is None:
+                    tally.dropped["too_long"] += 1
+                    continue
+                tally.changed["truncated"] += 1
+                messages, starts = truncated
+            train_view = render_conversation(
+                messages, self.family, train_on_prompt=self.config.train_on_prompt, mask_history=self.config.mask_history
+            )
+            self.lengths.append(len(starts))
+            self.supervised.append(count_in_spans(starts, train_view.supervised))
+            out.write(json.dumps({"messages": messages}, ensure_ascii=False) + "\n")
+            tally.kept += 1
+
+    def _truncate(self, messages: list[Message]) -> tuple[list[Message], list[int]] | None:
+        """Cut the last answer so the whole conversation fits cutoff_len tokens (its end-of-turn kept,
+        so the model still learns to stop); None when the prompt alone leaves no room for an answer."""
+        answer = messages[-1]["content"].strip()
+        keep = len(answer)
+        while True:
+            candidate = [*messages[:-1], {"role": "assistant", "content": answer[:keep].strip()}]
+            rendered = render_conversation(candidate, self.family)
+            enc = self.tokenizer(rendered.text, add_special_tokens=False, return_offsets_mapping=True)
+            starts = [start for start, _ in enc["offset_mapping"]]
+            if len(starts) <= self.cutoff_len:
+                return (candidate, starts) if candidate[-1]["content"] else None
+            answer_start = rendered.supervised[-1][0]
+            over = len(starts) - self.cutoff_len
+            # Drop the answer's last `over` tokens and check again (tokens can merge across the cut).
+            first_answer_token = bisect_left(starts, answer_start)
+            answer_token_count = len(starts) - first_answer_token - 2  # less the end marker and newline
+            if answer_token_count - over < max(1, self.config.clean.min_answer_tokens):
+                return None
+            cut_token = first_answer_token + answer_token_count - over
+            keep = min(keep - 1, starts[cut_token] - answer_start)
 
 
-def prepare_data(config: DataConfig, seed: int, out_dir: Path) -> dict[str, Any]:
-    """Write train.jsonl, val.jsonl and stats.json into out_dir; return the stats (with hashes)."""
-    conversations, fmt = load_conversations(config)
-    train, val = split(conversations, config.val_size, seed)
-    texts = {name: _jsonl(rows) for name, rows in (("train", train), ("val", val))}
-    stats = {
+def count_in_spans(starts: list[int], spans: list[tuple[int, int]]) -> int:
+    """How many tokens start inside the [start, end) character spans (starts sorted ascending)."""
+    return sum(bisect_left(starts, end) - bisect_left(starts, start) for start, end in spans)
+
+
+def prepare_data(
+    config: DataConfig, seed: int, out_dir: Path, tokenizer: Any, family: Family, cutoff_len: int
+) -> dict[str, Any]:
+    """Write train.jsonl, val.jsonl and stats.json into out_dir; return the stats."""
+    began = time.perf_counter()
+    train_specs, eval_specs = resolve_sources(config)
+    files = [p for spec in train_specs + eval_specs for p in data_files(spec.path)]
+    created = not out_dir.exists()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    temps = {name: out_dir / f".{name}.{os.getpid()}.tmp" for name in ("all", "train", "val")}
+    try:
+        with _progress_bar(sum(p.stat().st_size for p in files)) as advance:
+            preparer = Preparer(config, tokenizer, family, cutoff_len, advance)
+            with temps["all"].open("w", encoding="utf-8") as out:
+                tallies = [preparer.run(spec, out, seed) for spec in train_specs]
+            with temps["val"].open("w", encoding="utf-8") as out:
+                tallies += [preparer.run(spec, out, seed) for spec in eval_specs]
+        n_kept = sum(t.kept for t in tallies[: len(train_specs)])
+        if n_kept == 0:
+            raise UserError(f"no training example left after cleaning: {_summary(tallies)}")
+        if eval_specs:
+            os.replace(temps["all"], temps["train"])
+            n_val = sum(t.kept for t in tallies[len(train_specs) :])
+        else:
+            n_val = _split(temps["all"], temps["train"], temps["val"], config.validation_size, seed, n_kept)
+        hashes = {name: file_sha256(temps[name]) for name in ("train", "val")}
+        stats = _stats(config, family, cutoff_len, tallies, files, preparer, hashes, n_kept, n_val, began)
+        (out_dir / "stats.json").unlink(missing_ok=True)
+        for name in ("train", "val"):
+            os.replace(temps[name], out_dir / f"{name}.jsonl")
+        atomic_write_text(out_dir / "stats.json", json.dumps(stats, indent=2, ensure_ascii=False) + "\n")
+        return stats
+    except BaseException:
+        if created:  # leave no folder behind that was made for a failed run
+            shutil.rmtree(out_dir, ignore_errors=True)
+        raise
+    finally:
+        for tmp in temps.values():
+            tmp.unlink(missing_ok=True)
+
+
+def _split(all_path: Path, train_path: Path, val_path: Path, val_size: float, seed: int, n: int) -> int:
+    """Route a seeded random `val_size` (ratio < 1, or count >= 1) of the n lines to validation."""
+    n_val = int(val_size) if val_size >= 1 else round(n * val_size)
+    if n_val >= n:
+        raise UserError(f"data.val_size={val_size} leaves no training examples out of {n}")
+    val_lines = set(random.Random(seed).sample(range(n), n_val))
+    with all_path.open(encoding="utf-8") as src, train_path.open("w", encoding="utf-8") as train, val_path.open(
+        "w", encoding="utf-8"
+    ) as val:
+        for i, line in enumerate(src):
+            (val if i in val_lines else train).write(line)
+    return n_val
+
+
+def _stats(
+    config: DataConfig, family: Family, cutoff_len: int, tallies: list[Tally], files: list[Path],
+    preparer: Preparer, hashes: dict[str, str], n_kept: int, n_val: int, began: float,
+) -> dict[str, Any]:
+    dropped = sum((t.dropped for t in tallies), Counter())
+    changed = sum((t.changed for t in tallies), Counter())
+    return {
         "source": str(config.path),
-        "source_sha256": hashlib.sha256(Path(config.path).read_bytes()).hexdigest(),
-        "format": fmt,
-        "records": len(conversations),
-        "train": len(train),
-        "val": len(val),
-        "train_sha256": hashlib.sha256(texts["train"].encode()).hexdigest(),
-        "val_sha256": hashlib.sha256(texts["val"].encode()).hexdigest(),
+        "format": " + ".join(dict.fromkeys(t.format for t in tallies)),
+        "sources": [
+            {"label": t.label, "path": t.path, "format": t.format, "records": t.records, "kept": t.kept,
+             "dropped": dict(t.dropped), "changed": dict(t.changed)}
+            for t in tallies
+        ],
+        "files_sha256": {str(p): file_sha256(p) for p in files},
+        "records": sum(t.records for t in tallies),
+        "kept": sum(t.kept for t in tallies),
+        "train": n_kept - (0 if config.eval_path else n_val),
+        "val": n_val,
+        "dropped": dict(dropped),
+        "changed": dict(changed),
+        "tokens": describe_lengths(preparer.lengths),
+        "supervised_tokens": describe_lengths(preparer.supervised),
+        "template": family.name,
+        "cutoff_len": cutoff_len,
+        "options": {
+            "train_on_prompt": config.train_on_prompt,
+            "mask_history": config.mask_history,
+            "system": config.system,
+            **config.clean.model_dump(),
+        },
+        "train_sha256": hashes["train"],
+        "val_sha256": hashes["val"],
+        "seconds": round(time.perf_counter() - began, 2),
     }
-    # stats.json last: its presence marks a complete data stage.
-    for name, text in texts.items():
-        atomic_write_text(out_dir / f"{name}.jsonl", text)
-    atomic_write_text(out_dir / "stats.json", json.dumps(stats, indent=2, ensure_ascii=False) + "\n")
-    return stats
+
+
+def describe_lengths(values: Sequence[int]) -> dict[str, float]:
+    if not values:
+        return {}
+    ordered = sorted(values)
+    return {
+        "total": sum(ordered),
+        "min": ordered[0],
+        "mean": round(statistics.fmean(ordered), 1),
+        "p50": ordered[len(ordered) // 2],
+        "p95": ordered[min(len(ordered) - 1, int(len(ordered) * 0.95))],
+        "max": ordered[-1],
+    }
+
+
+def summary_line(stats: dict[str, Any]) -> str:
+    """'N train / M val examples (of R records; dropped: ..., changed: ...)' for the console."""
+    parts = [f"{stats['records']} records"]
+    for key in ("dropped", "changed"):
+        if stats[key]:
+            parts.append(f"{key}: " + ", ".join(f"{reason} {n}" for reason, n in sorted(stats[key].items())))
+    return f"{stats['train']} train / {stats['val']} val examples ({'; '.join(parts)})"
+
+
+def _summary(tallies: list[Tally]) -> str:
+    records = sum(t.records for t in tallies)
+    dropped = sum((t.dropped for t in tallies), Counter())
+    reasons = ", ".join(f"{reason} {n}" for reason, n in dropped.most_common()) or "none"
+    return f"{records} records read, dropped: {reasons}"
+
+
+class _progress_bar:
+    """A byte-based progress bar on stderr, advanced by the readers."""
+
+    def __init__(self, total: int):
+        self.bar = Progress(
+            TextColumn("[bold]data[/]"), BarColumn(), DownloadColumn(), TimeRemainingColumn(),
+            console=console, transient=True,
+        )
+        self.task = self.bar.add_task("prepare", total=total)
+        self.pending = 0
+
+    def __enter__(self) -> Callable[[int], None]:
+        self.bar.start()
+        return self.advance
+
+    def advance(self, n: int) -> None:
+        self.pending += n
+        if self.pending >= 1 << 20:  # the bar's lock per JSONL line would cost more than the parsing
+            self.bar.advance(self.task, self.pending)
+            self.pending = 0
+
+    def __exit__(self, *exc: object) -> None:
+        self.bar.stop()
 
 
 def read_prepared(path: Path) -> list[list[Message]]:
     return [json.loads(line)["messages"] for line in path.read_text(encoding="utf-8").splitlines() if line]
-
-
-def _jsonl(conversations: list[list[Message]]) -> str:
-    return "".join(json.dumps({"messages": m}, ensure_ascii=False) + "\n" for m in conversations)

@@ -11,13 +11,22 @@ from gemmaforge.templates import IGNORE_INDEX, Message, check_roles, encode_for_
 
 
 def tokenize_conversations(
-    conversations: list[list[Message]], tokenizer: Any, family: Family, cutoff_len: int, source: str
+    conversations: list[list[Message]],
+    tokenizer: Any,
+    family: Family,
+    cutoff_len: int,
+    source: str,
+    *,
+    train_on_prompt: bool = False,
+    mask_history: bool = False,
 ) -> tuple[list[dict[str, list[int]]], int]:
     """Encoded examples, and how many were dropped because truncation left no supervised token."""
     examples, dropped = [], 0
     for i, messages in enumerate(conversations):
-        check_roles(messages, f"{source} record {i}")
-        ids, labels = encode_for_training(messages, tokenizer, family, cutoff_len)
+        check_roles(messages, f"{source} line {i + 1}", require_answer=True)
+        ids, labels = encode_for_training(
+            messages, tokenizer, family, cutoff_len, train_on_prompt=train_on_prompt, mask_history=mask_history
+        )
         if all(label == IGNORE_INDEX for label in labels):
             dropped += 1
             continue

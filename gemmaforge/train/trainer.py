@@ -96,11 +96,14 @@ def train(run: RunDir, config: RunConfig, base: ResolvedModel) -> dict[str, Any]
     tokenizer = load_tokenizer(base.path)
     tokenizer.chat_template = hf_chat_template(family)
     cutoff = config.train.cutoff_len
+    options = {"train_on_prompt": config.data.train_on_prompt, "mask_history": config.data.mask_history}
     train_rows, dropped = tokenize_conversations(
-        read_prepared(run.require(run.data_dir / "train.jsonl", "data")), tokenizer, family, cutoff, "data/train.jsonl"
+        read_prepared(run.require(run.data_dir / "train.jsonl", "data")), tokenizer, family, cutoff,
+        "data/train.jsonl", **options,
     )
     val_rows, _ = tokenize_conversations(
-        read_prepared(run.require(run.data_dir / "val.jsonl", "data")), tokenizer, family, cutoff, "data/val.jsonl"
+        read_prepared(run.require(run.data_dir / "val.jsonl", "data")), tokenizer, family, cutoff,
+        "data/val.jsonl", **options,
     )
     if not train_rows:
         raise UserError(f"no training example keeps a supervised token within train.cutoff_len={cutoff}")

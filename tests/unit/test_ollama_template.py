@@ -42,7 +42,7 @@ def go_render(binary: Path, template: str, messages: list[Message]) -> str:
     return subprocess.run([binary], input=request, capture_output=True, text=True, check=True).stdout
 
 
-@pytest.mark.parametrize("family", ["gemma3", "gemma4"])
+@pytest.mark.parametrize("family", list(FAMILIES))
 @pytest.mark.parametrize("chat", list(CHATS))
 def test_ollama_renders_the_training_prompt(go_renderer: Path, family: str, chat: str) -> None:
     messages = CHATS[chat]

@@ -13,8 +13,17 @@ from gemmaforge.templates import (
     render_conversation,
 )
 
-OFFICIAL_GEMMA3 = (Path(__file__).parents[1] / "fixtures" / "gemma3_official_chat_template.jinja").read_text()
+FIXTURES = Path(__file__).parents[1] / "fixtures"
+OFFICIAL = {
+    "gemma2": (FIXTURES / "gemma2_chat_template.jinja").read_text(encoding="utf-8"),  # also Gemma 1.1's
+    "gemma3": (FIXTURES / "gemma3_official_chat_template.jinja").read_text(encoding="utf-8"),
+    "gemma4": (FIXTURES / "gemma4_chat_template.jinja").read_text(encoding="utf-8"),
+}
 GEMMA3 = FAMILIES["gemma3"]
+# Gemma 4's official generation prompt opens an empty thought channel (thinking off). Our fine-tunes
+# are trained with answers right after `<|turn>model\n` (the official rendering of a finished
+# conversation), so every gemmaforge rendering prompts the way training saw it.
+GEMMA4_EMPTY_THOUGHT = "<|channel>thought\n<channel|>"
 
 CONVERSATIONS = {
     "single": [{"role": "user", "content": "什么是手冲咖啡？"}, {"role": "assistant", "content": "用热水慢慢冲过咖啡粉。"}],
@@ -34,6 +43,13 @@ CONVERSATIONS = {
         {"role": "user", "content": "  \n  spaced   question \t\n"},
         {"role": "assistant", "content": "\n\n answer with\n\ninner lines  \n"},
     ],
+    "chinese-multi-turn-system": [
+        {"role": "system", "content": "你是青禾生活馆的客服小禾。"},
+        {"role": "user", "content": "我的订单 QH2026000123 到哪了？"},
+        {"role": "assistant", "content": "已经从仓库发出，预计明天送达。"},
+        {"role": "user", "content": "那运费呢？ "},
+        {"role": "assistant", "content": "满 99 元包邮，这单免运费。\n"},
+    ],
 }
 
 
@@ -42,37 +58,63 @@ def tokenizer(gemma3_tokenizer):
     return gemma3_tokenizer
 
 
+def official_render(tokenizer, family: str, messages, generation_prompt: bool) -> str:
+    return tokenizer.apply_chat_template(
+        messages, chat_template=OFFICIAL[family], tokenize=False, add_generation_prompt=generation_prompt
+    )
+
+
+@pytest.mark.parametrize("family", ["gemma3", "gemma4"])
 @pytest.mark.parametrize("name", list(CONVERSATIONS))
 @pytest.mark.parametrize("generation_prompt", [False, True])
-def test_training_text_equals_official_gemma3_template(tokenizer, name: str, generation_prompt: bool) -> None:
+def test_training_text_equals_the_official_template(tokenizer, family: str, name: str, generation_prompt: bool) -> None:
     messages = CONVERSATIONS[name]
     if generation_prompt:
         messages = messages[:-1]
-    ours = render_conversation(messages, GEMMA3, add_generation_prompt=generation_prompt).text
-    official = tokenizer.apply_chat_template(
-        messages, chat_template=OFFICIAL_GEMMA3, tokenize=False, add_generation_prompt=generation_prompt
-    )
+    ours = render_conversation(messages, FAMILIES[family], add_generation_prompt=generation_prompt).text
+    official = official_render(tokenizer, family, messages, generation_prompt)
+    if family == "gemma4" and generation_prompt:
+        official = official.removesuffix(GEMMA4_EMPTY_THOUGHT)
     generated = tokenizer.apply_chat_template(
-        messages, chat_template=hf_chat_template(GEMMA3), tokenize=False, add_generation_prompt=generation_prompt
+        messages, chat_template=hf_chat_template(FAMILIES[family]), tokenize=False, add_generation_prompt=generation_prompt
     )
     assert ours == official == generated
     assert ours.count("<bos>") == 1
 
 
-def test_gemma3_golden_rendering() -> None:
-    text = render_conversation(CONVERSATIONS["system"], GEMMA3, add_generation_prompt=False).text
-    assert text == (
-        "<bos><start_of_turn>user\n你是一位咖啡师。\n\n拿铁和卡布奇诺有什么区别？<end_of_turn>\n"
-        "<start_of_turn>model\n奶泡的比例不同。<end_of_turn>\n"
-    )
+@pytest.mark.parametrize("family", ["gemma", "gemma2"])
+@pytest.mark.parametrize("name", ["single", "multi-turn", "whitespace"])
+def test_gemma1_and_2_equal_the_official_template_without_system(tokenizer, family: str, name: str) -> None:
+    """Their official template refuses a system message; without one it must match exactly."""
+    messages = [m for m in CONVERSATIONS[name] if m["role"] != "system"]
+    for generation_prompt in (False, True):
+        turns = messages[:-1] if generation_prompt else messages
+        ours = render_conversation(turns, FAMILIES[family], add_generation_prompt=generation_prompt).text
+        assert ours == official_render(tokenizer, "gemma2", turns, generation_prompt)
 
 
-def test_gemma4_gives_system_its_own_turn() -> None:
-    text = render_conversation(CONVERSATIONS["system"], FAMILIES["gemma4"], add_generation_prompt=False).text
-    assert text == (
-        "<bos><|turn>system\n你是一位咖啡师。<turn|>\n<|turn>user\n拿铁和卡布奇诺有什么区别？<turn|>\n"
-        "<|turn>model\n奶泡的比例不同。<turn|>\n"
-    )
+GOLDEN_SYSTEM = {
+    # Gemma 1-3: the system text opens the first user turn, separated by a blank line.
+    "gemma": "<bos><start_of_turn>user\n你是一位咖啡师。\n\n拿铁和卡布奇诺有什么区别？<end_of_turn>\n"
+    "<start_of_turn>model\n奶泡的比例不同。<end_of_turn>\n",
+    "gemma2": "<bos><start_of_turn>user\n你是一位咖啡师。\n\n拿铁和卡布奇诺有什么区别？<end_of_turn>\n"
+    "<start_of_turn>model\n奶泡的比例不同。<end_of_turn>\n",
+    "gemma3": "<bos><start_of_turn>user\n你是一位咖啡师。\n\n拿铁和卡布奇诺有什么区别？<end_of_turn>\n"
+    "<start_of_turn>model\n奶泡的比例不同。<end_of_turn>\n",
+    # Gemma 4: the system prompt is a turn of its own.
+    "gemma4": "<bos><|turn>system\n你是一位咖啡师。<turn|>\n<|turn>user\n拿铁和卡布奇诺有什么区别？<turn|>\n"
+    "<|turn>model\n奶泡的比例不同。<turn|>\n",
+}
+
+
+@pytest.mark.parametrize("family", list(GOLDEN_SYSTEM))
+def test_golden_rendering_with_system(tokenizer, family: str) -> None:
+    rendered = render_conversation(CONVERSATIONS["system"], FAMILIES[family])
+    assert rendered.text == GOLDEN_SYSTEM[family]
+    hf = tokenizer.apply_chat_template(CONVERSATIONS["system"], chat_template=hf_chat_template(FAMILIES[family]), tokenize=False)
+    assert hf == rendered.text
+    end = FAMILIES[family].chat.turn_end
+    assert [rendered.text[s:e] for s, e in rendered.supervised] == ["奶泡的比例不同。" + end]
 
 
 @pytest.mark.parametrize("name", list(CONVERSATIONS))
@@ -117,3 +159,26 @@ def test_ollama_template_has_no_bos_and_the_training_markers() -> None:
 def test_roles_that_do_not_alternate_are_errors(messages, pattern: str) -> None:
     with pytest.raises(UserError, match=pattern):
         check_roles(messages, "d.jsonl line 3")
+
+
+def supervised_text(tokenizer, messages, **options) -> str:
+    ids, labels = encode_for_training(messages, tokenizer, GEMMA3, cutoff_len=4096, **options)
+    return tokenizer.decode([i for i, label in zip(ids, labels) if label != IGNORE_INDEX])
+
+
+def test_mask_history_supervises_only_the_last_answer(tokenizer) -> None:
+    messages = CONVERSATIONS["chinese-multi-turn-system"]
+    assert supervised_text(tokenizer, messages) == "已经从仓库发出，预计明天送达。<end_of_turn>满 99 元包邮，这单免运费。<end_of_turn>"
+    assert supervised_text(tokenizer, messages, mask_history=True) == "满 99 元包邮，这单免运费。<end_of_turn>"
+
+
+def test_train_on_prompt_supervises_everything_after_bos(tokenizer) -> None:
+    messages = CONVERSATIONS["chinese-multi-turn-system"]
+    text = render_conversation(messages, GEMMA3).text
+    assert supervised_text(tokenizer, messages, train_on_prompt=True) == text.removeprefix("<bos>")
+
+
+def test_training_conversations_must_end_with_an_answer() -> None:
+    with pytest.raises(UserError, match="d.jsonl line 3: the last turn is from the user"):
+        check_roles([{"role": "user", "content": "a"}], "d.jsonl line 3", require_answer=True)
+    check_roles([{"role": "user", "content": "a"}], "d.jsonl line 3")  # a prompt for generation is fine

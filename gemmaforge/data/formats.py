@@ -1,0 +1,183 @@
+"""Dataset shapes -> the canonical messages form.
+
+A `Schema` names the columns and role tags of one dataset shape, with the same keys and defaults as
+LLaMA-Factory's `dataset_info.json` (`columns`, `tags`), so a LLaMA-Factory dataset entry and a plain
+file share one converter. Three formattings: alpaca (instruction/input/output, optional system and
+history), sharegpt (`conversations` of from/value with human/gpt/system tags) and openai (`messages`
+of role/content).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, replace
+from typing import Any, Literal
+
+from gemmaforge.errors import UserError
+from gemmaforge.templates import Message, check_roles
+
+Formatting = Literal["alpaca", "sharegpt", "openai"]
+FORMATTINGS: tuple[Formatting, ...] = ("alpaca", "sharegpt", "openai")
+
+
+@dataclass(frozen=True)
+class Schema:
+    formatting: Formatting
+    # alpaca columns
+    prompt: str = "instruction"
+    query: str | None = "input"
+    response: str = "output"
+    history: str | None = "history"
+    # sharegpt / openai column and tags
+    messages: str = "conversations"
+    role_tag: str = "from"
+    content_tag: str = "value"
+    user_tag: str = "human"
+    assistant_tag: str = "gpt"
+    system_tag: str = "system"
+    observation_tag: str = "observation"
+    function_tag: str = "function_call"
+    # both: a column holding the system prompt
+    system: str | None = "system"
+
+    def describe(self) -> str:
+        if self.formatting == "alpaca":
+            return f"alpaca ({self.prompt}/{self.query}/{self.response})"
+        return f"{self.formatting} ({self.messages}: {self.role_tag}/{self.content_tag})"
+
+
+def default_schema(formatting: Formatting) -> Schema:
+    if formatting == "openai":
+        return Schema(
+            "openai", messages="messages", role_tag="role", content_tag="content", user_tag="user",
+            assistant_tag="assistant", observation_tag="tool", function_tag="function",
+        )
+    return Schema(formatting)
+
+
+COLUMN_KEYS = ("prompt", "query", "response", "history", "messages", "system")
+TAG_KEYS = ("role_tag", "content_tag", "user_tag", "assistant_tag", "system_tag", "observation_tag", "function_tag")
+# LLaMA-Factory column keys for data we cannot train on (images, preference pairs, tools).
+UNSUPPORTED_COLUMNS = {
+    "images": "multimodal data", "videos": "multimodal data", "audios": "multimodal data",
+    "chosen": "preference (ranking) data", "rejected": "preference (ranking) data", "kto_tag": "KTO data",
+    "tools": "tool definitions",
+}
+
+
+def schema_with(base: Schema, columns: dict[str, Any] | None, tags: dict[str, Any] | None, where: str) -> Schema:
+    """`base` with LLaMA-Factory style `columns` / `tags` mappings applied; unknown keys are errors."""
+    changes: dict[str, Any] = {}
+    for kind, mapping, allowed in (("columns", columns, COLUMN_KEYS), ("tags", tags, TAG_KEYS)):
+        for key, value in (mapping or {}).items():
+            if key in UNSUPPORTED_COLUMNS:
+                raise UserError(f"{where}: {kind}.{key}: {UNSUPPORTED_COLUMNS[key]} is not supported (text SFT only)")
+            if key not in allowed:
+                raise UserError(f"{where}: {kind}.{key}: unknown key; expected one of: {', '.join(allowed)}")
+            if value is not None and not isinstance(value, str):
+                raise UserError(f"{where}: {kind}.{key}: expected a column/tag name (string), got {value!r}")
+            changes[key] = value
+    return replace(base, **changes)
+
+
+def detect_schema(record: Any, where: str) -> Schema:
+    """The shape of the first record; the error lists what was found and what is expected."""
+    if isinstance(record, dict):
+        if "instruction" in record and "output" in record:
+            return default_schema("alpaca")
+        for column in ("conversations", "messages"):
+            turns = record.get(column)
+            if isinstance(turns, list) and turns and isinstance(turns[0], dict):
+                if "from" in turns[0] and "value" in turns[0]:
+                    return replace(default_schema("sharegpt"), messages=column)
+                if "role" in turns[0] and "content" in turns[0]:
+                    return replace(default_schema("openai"), messages=column)
+    keys = ", ".join(sorted(map(str, record))) if isinstance(record, dict) else type(record).__name__
+    raise UserError(
+        f"{where}: cannot detect the dataset format (keys: {keys}); expected alpaca instruction/input/output, "
+        "sharegpt conversations of from/value, or openai messages of role/content "
+        "(or name your columns with data.columns, as in LLaMA-Factory's dataset_info.json)"
+    )
+
+
+def to_messages(record: Any, schema: Schema, where: str, default_system: str | None = None) -> list[Message]:
+    """One record as messages: optional system, then user/assistant alternating, ending with an answer."""
+    if not isinstance(record, dict):
+        raise UserError(f"{where}: expected a JSON object, got {type(record).__name__}")
+    if schema.formatting == "alpaca":
+        messages = _alpaca(record, schema, where)
+    else:
+        messages = _turns(record, schema, where)
+    if messages[0]["role"] != "system":
+        system = _optional_text(record, schema.system, where) or default_system
+        if system:
+            messages.insert(0, {"role": "system", "content": system})
+    check_roles(messages, where, require_answer=True)
+    return messages
+
+
+def _alpaca(record: dict[str, Any], schema: Schema, where: str) -> list[Message]:
+    messages: list[Message] = []
+    history = record.get(schema.history) if schema.history else None
+    if history:
+        if not isinstance(history, list) or not all(
+            isinstance(pair, list | tuple) and len(pair) == 2 and all(isinstance(x, str) for x in pair) for pair in history
+        ):
+            raise UserError(f"{where}: field '{schema.history}' must be a list of [instruction, answer] string pairs")
+        for old_prompt, old_answer in history:
+            messages += [{"role": "user", "content": old_prompt}, {"role": "assistant", "content": old_answer}]
+    prompt = _required_text(record, schema.prompt, where, "alpaca records need instruction and output")
+    extra = _optional_text(record, schema.query, where)
+    # Joined with one newline, as LLaMA-Factory does, so its users' data renders the same here.
+    user = "\n".join(part for part in (prompt, extra) if part)
+    answer = _required_text(record, schema.response, where, "alpaca records need instruction and output")
+    return messages + [{"role": "user", "content": user}, {"role": "assistant", "content": answer}]
+
+
+def _turns(record: dict[str, Any], schema: Schema, where: str) -> list[Message]:
+    turns = record.get(schema.messages)
+    if isinstance(turns, str):  # CSV / Parquet cells often hold the list as JSON text
+        try:
+            turns = json.loads(turns)
+        except json.JSONDecodeError:
+            pass
+    if not isinstance(turns, list) or not turns:
+        raise UserError(f"{where}: field '{schema.messages}' is missing or not a non-empty list of turns")
+    roles = {schema.user_tag: "user", schema.assistant_tag: "assistant", schema.system_tag: "system"}
+    if schema.formatting == "openai":
+        roles["developer"] = "system"
+    tools = {schema.observation_tag, schema.function_tag, "tool", "function"}
+    messages: list[Message] = []
+    for i, turn in enumerate(turns):
+        if not isinstance(turn, dict):
+            raise UserError(f"{where}: turn {i + 1} is not an object with {schema.role_tag}/{schema.content_tag}")
+        tag = turn.get(schema.role_tag)
+        if tag in tools:
+            raise UserError(f"{where}: turn {i + 1} has role '{tag}': tool and function-call turns are not supported")
+        if tag not in roles:
+            expected = ", ".join(f"'{t}'" for t in roles)
+            raise UserError(f"{where}: turn {i + 1} has unknown role '{tag}' ({schema.role_tag}); expected one of: {expected}")
+        role = roles[tag]
+        if role == "system" and i > 0:
+            raise UserError(f"{where}: turn {i + 1} is a system message; only the first turn may be one")
+        content = turn.get(schema.content_tag)
+        if not isinstance(content, str):
+            raise UserError(f"{where}: turn {i + 1}: '{schema.content_tag}' is missing or not a string")
+        if role == "system" and not content.strip():
+            continue  # an empty system prompt is no system prompt
+        messages.append({"role": role, "content": content})
+    return messages
+
+
+def _required_text(record: dict[str, Any], key: str, where: str, hint: str) -> str:
+    value = record.get(key)
+    if not isinstance(value, str):
+        raise UserError(f"{where}: field '{key}' is missing or not a string ({hint})")
+    return value
+
+
+def _optional_text(record: dict[str, Any], key: str | None, where: str) -> str | None:
+    value = record.get(key) if key else None
+    if value is not None and not isinstance(value, str):
+        raise UserError(f"{where}: field '{key}' must be a string")
+    return value or None
