@@ -34,7 +34,7 @@ from gemmaforge.data.sources import data_files, file_sha256, iter_records
 from gemmaforge.errors import UserError
 from gemmaforge.families import Family
 from gemmaforge.runs import atomic_write_text
-from gemmaforge.templates import Message, render_conversation
+from gemmaforge.templates import Message, Rendered, render_conversation
 
 BATCH_SIZE = 512  # conversations tokenized per call: the fast tokenizer's batching amortises its overhead
 OUTPUTS = ("train.jsonl", "val.jsonl", "stats.json")
@@ -140,29 +140,31 @@ class Preparer:
         if not batch:
             return
         rendered = [render_conversation(m, self.family) for m in batch]
-        encoded = self.tokenizer([r.text for r in rendered], add_special_tokens=False, return_offsets_mapping=True)
-        for messages, r, offsets in zip(batch, rendered, encoded["offset_mapping"]):
-            starts = [start for start, _ in offsets]
-            answer_tokens = count_in_spans(starts, r.supervised) - len(r.supervised)  # less the end markers
+        for messages, r, offsets in zip(batch, rendered, token_offsets(self.tokenizer, [r.text for r in rendered])):
+            answer_tokens = count_in_spans(offsets, r.supervised) - len(r.supervised)  # less the end markers
+            view: Rendered | None = r  # what training supervises
             if answer_tokens < self.config.clean.min_answer_tokens:
                 tally.dropped["too_short"] += 1
                 continue
-            if len(starts) > self.cutoff_len:
+            if len(offsets) > self.cutoff_len:
                 truncated = self._truncate(messages) if self.config.clean.overlong == "truncate" else None
                 if truncated is None:
                     tally.dropped["too_long"] += 1
                     continue
                 tally.changed["truncated"] += 1
-                messages, starts = truncated
-            train_view = render_conversation(
-                messages, self.family, train_on_prompt=self.config.train_on_prompt, mask_history=self.config.mask_history
-            )
-            self.lengths.append(len(starts))
-            self.supervised.append(count_in_spans(starts, train_view.supervised))
+                messages, offsets = truncated
+                view = None
+            if view is None or self.config.train_on_prompt or self.config.mask_history:
+                view = render_conversation(
+                    messages, self.family,
+                    train_on_prompt=self.config.train_on_prompt, mask_history=self.config.mask_history,
+                )
+            self.lengths.append(len(offsets))
+            self.supervised.append(count_in_spans(offsets, view.supervised))
             out.write(json.dumps({"messages": messages}, ensure_ascii=False) + "\n")
             tally.kept += 1
 
-    def _truncate(self, messages: list[Message]) -> tuple[list[Message], list[int]] | None:
+    def _truncate(self, messages: list[Message]) -> tuple[list[Message], list[tuple[int, int]]] | None:
         """Cut the last answer so the whole conversation fits cutoff_len tokens (its end-of-turn kept,
         so the model still learns to stop); None when the prompt alone leaves no room for an answer."""
         answer = messages[-1]["content"].strip()
@@ -170,24 +172,35 @@ class Preparer:
         while True:
             candidate = [*messages[:-1], {"role": "assistant", "content": answer[:keep].strip()}]
             rendered = render_conversation(candidate, self.family)
-            enc = self.tokenizer(rendered.text, add_special_tokens=False, return_offsets_mapping=True)
-            starts = [start for start, _ in enc["offset_mapping"]]
-            if len(starts) <= self.cutoff_len:
-                return (candidate, starts) if candidate[-1]["content"] else None
+            (offsets,) = token_offsets(self.tokenizer, [rendered.text])
+            if len(offsets) <= self.cutoff_len:
+                return (candidate, offsets) if candidate[-1]["content"] else None
             answer_start = rendered.supervised[-1][0]
-            over = len(starts) - self.cutoff_len
+            over = len(offsets) - self.cutoff_len
             # Drop the answer's last `over` tokens and check again (tokens can merge across the cut).
-            first_answer_token = bisect_left(starts, answer_start)
-            answer_token_count = len(starts) - first_answer_token - 2  # less the end marker and newline
+            first_answer_token = bisect_left(offsets, (answer_start,))
+            answer_token_count = len(offsets) - first_answer_token - 2  # less the end marker and newline
             if answer_token_count - over < max(1, self.config.clean.min_answer_tokens):
                 return None
             cut_token = first_answer_token + answer_token_count - over
-            keep = min(keep - 1, starts[cut_token] - answer_start)
+            keep = min(keep - 1, offsets[cut_token][0] - answer_start)
 
 
-def count_in_spans(starts: list[int], spans: list[tuple[int, int]]) -> int:
-    """How many tokens start inside the [start, end) character spans (starts sorted ascending)."""
-    return sum(bisect_left(starts, end) - bisect_left(starts, start) for start, end in spans)
+def token_offsets(tokenizer: Any, texts: list[str]) -> list[list[tuple[int, int]]]:
+    """Character offsets of each text's tokens, as training tokenizes it (no special tokens added).
+    A fast tokenizer's Rust backend is called directly: transformers' per-encoding conversion into
+    Python lists would cost as much as the tokenization itself."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is not None:
+        return [encoding.offsets for encoding in backend.encode_batch(texts, add_special_tokens=False)]
+    encoded = tokenizer(texts, add_special_tokens=False, return_offsets_mapping=True)
+    return [[tuple(o) for o in offsets] for offsets in encoded["offset_mapping"]]
+
+
+def count_in_spans(offsets: list[tuple[int, int]], spans: list[tuple[int, int]]) -> int:
+    """How many tokens start inside the [start, end) character spans (offsets sorted by start; a
+    1-tuple (x,) sorts before every (x, end), so bisect finds the first token starting at x)."""
+    return sum(bisect_left(offsets, (end,)) - bisect_left(offsets, (start,)) for start, end in spans)
 
 
 def prepare_data(

@@ -136,3 +136,25 @@ def test_vocabulary_equals_the_official_gemma3_gguf(files, tmp_path):
     single = np.array([len(t.decode("utf-8", "replace")) == 1 for t in ours[0]])
     assert np.array_equal(ours[1][~(normal & single)], official[1][~(normal & single)])
     assert np.all(np.diff(ours[1][normal]) < 0) and np.all(np.diff(official[1][normal]) < 0)
+
+
+def test_gguf_chat_template_renders_the_training_prompt(tiny_gemma3_dir: Path, tmp_path: Path) -> None:
+    """llama-cpp-python formats chats with the GGUF's tokenizer.chat_template: it must give the
+    training text, generation prompt included."""
+    from llama_cpp.llama_chat_format import Jinja2ChatFormatter
+
+    from gemmaforge.families import FAMILIES
+    from gemmaforge.templates import hf_chat_template, render_conversation
+
+    family = FAMILIES["gemma3"]
+    path = write_gguf(tiny_gemma3_dir, tmp_path / "t.gguf", "f16", chat_template=hf_chat_template(family))
+    llm = llama_cpp.Llama(str(path), vocab_only=True, verbose=False)
+    formatter = Jinja2ChatFormatter(llm.metadata["tokenizer.chat_template"], eos_token="<eos>", bos_token="<bos>")
+    messages = [
+        {"role": "system", "content": "你是青禾生活馆的客服。"},
+        {"role": "user", "content": " 订单到哪了？ "},
+        {"role": "assistant", "content": "请提供订单号。"},
+        {"role": "user", "content": "QH2026000123"},
+    ]
+    expected = render_conversation(messages, family, add_generation_prompt=True).text
+    assert formatter(messages=messages).prompt == expected
