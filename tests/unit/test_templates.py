@@ -182,3 +182,16 @@ def test_training_conversations_must_end_with_an_answer() -> None:
     with pytest.raises(UserError, match="d.jsonl line 3: the last turn is from the user"):
         check_roles([{"role": "user", "content": "a"}], "d.jsonl line 3", require_answer=True)
     check_roles([{"role": "user", "content": "a"}], "d.jsonl line 3")  # a prompt for generation is fine
+
+
+def test_trainer_examples_follow_the_loss_options(tokenizer) -> None:
+    from gemmaforge.train.collate import tokenize_conversations
+
+    messages = CONVERSATIONS["chinese-multi-turn-system"]
+    (default,), _ = tokenize_conversations([messages], tokenizer, GEMMA3, 4096, "train.jsonl")
+    (last,), _ = tokenize_conversations([messages], tokenizer, GEMMA3, 4096, "train.jsonl", mask_history=True)
+    assert default["input_ids"] == last["input_ids"]
+    supervised = [sum(label != IGNORE_INDEX for label in ex["labels"]) for ex in (default, last)]
+    assert supervised[0] > supervised[1] > 0
+    with pytest.raises(UserError, match="train.jsonl line 1: the last turn is from the user"):
+        tokenize_conversations([messages[:-1]], tokenizer, GEMMA3, 4096, "train.jsonl")
