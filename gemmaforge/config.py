@@ -26,6 +26,7 @@ class ModelConfig(Section):
         description="'gemma3-270m' (embedded), a local HF directory, a local .gguf file, or a hub id",
     )
     revision: str | None = None
+    load_in_4bit: bool = Field(False, description="QLoRA: 4-bit NF4 base through bitsandbytes (CUDA/ROCm GPU only)")
 
 
 class CleanConfig(Section):
@@ -86,8 +87,13 @@ class LoraSection(Section):
     r: int = Field(8, ge=1)
     lora_alpha: float = Field(16, gt=0)
     lora_dropout: float = Field(0.05, ge=0, lt=1)
-    target_modules: list[str] | None = Field(None, description="None: the family's default targets")
+    target_modules: list[str] | Literal["all-linear"] | None = Field(
+        None, description="module names, 'all-linear', or None for the family's default (q/k/v/o projections)"
+    )
     bias: Literal["none", "all", "lora_only"] = "none"
+    use_rslora: bool = Field(False, description="scale by lora_alpha / sqrt(r) instead of lora_alpha / r")
+    use_dora: bool = Field(False, description="weight-decomposed LoRA (slower steps; merge before GGUF)")
+    modules_to_save: list[str] | None = Field(None, description="modules trained in full and saved with the adapter")
     train_template_tokens: bool = Field(
         True,
         description="also train the embedding rows of the chat markers (<start_of_turn>, <end_of_turn>): base "
@@ -96,22 +102,60 @@ class LoraSection(Section):
     )
 
 
+SCHEDULERS = Literal[
+    "linear", "cosine", "cosine_with_restarts", "cosine_with_min_lr", "polynomial", "constant",
+    "constant_with_warmup", "inverse_sqrt", "warmup_stable_decay",
+]
+
+
 class TrainConfig(Section):
     num_train_epochs: float = Field(1.0, gt=0)
-    max_steps: int = -1
+    max_steps: int = Field(-1, description="-1: run num_train_epochs")
     per_device_train_batch_size: int = Field(4, ge=1)
     gradient_accumulation_steps: int = Field(1, ge=1)
     learning_rate: float = Field(2.0e-4, gt=0)
-    lr_scheduler_type: str = "linear"
+    lr_scheduler_type: SCHEDULERS = "linear"
     warmup_steps: int = Field(0, ge=0)
+    warmup_ratio: float = Field(0.0, ge=0, lt=1, description="used when warmup_steps is 0")
     weight_decay: float = Field(0.0, ge=0)
     max_grad_norm: float = Field(1.0, gt=0)
     cutoff_len: int = Field(512, ge=8)
+    packing: bool = Field(
+        True, description="pack examples into rows of cutoff_len tokens; attention never crosses examples"
+    )
+    logits_chunk_size: int = Field(
+        1024, ge=16, description="supervised positions per output-layer chunk: full-vocabulary logits never "
+        "exist for more than this many tokens at once"
+    )
     logging_steps: int = Field(5, ge=1)
+    eval_strategy: Literal["no", "steps", "epoch"] = Field("steps", description="'steps': every eval_steps")
+    eval_steps: int | None = Field(None, ge=1, description="default: save_steps")
+    save_strategy: Literal["no", "steps", "epoch"] = "steps"
     save_steps: int = Field(50, ge=1)
     save_total_limit: int | None = Field(2, ge=1)
+    load_best_model_at_end: bool = Field(False, description="restore the checkpoint with the best metric")
+    metric_for_best_model: str = "eval_loss"
+    early_stopping_patience: int | None = Field(
+        None, ge=1, description="stop after this many evaluations without improvement (needs load_best_model_at_end)"
+    )
     precision: Literal["auto", "bf16", "fp16", "fp32"] = "auto"
+    gradient_checkpointing: bool = Field(False, description="recompute activations in backward: less memory, ~30% slower")
+    dataloader_num_workers: int = Field(0, ge=0)
+    report_to: Literal["none", "tensorboard"] = Field("none", description="tensorboard: logs under RUN_DIR/tensorboard")
     seed: int = 42
+
+    @model_validator(mode="after")
+    def _consistent(self) -> TrainConfig:
+        if self.early_stopping_patience and not self.load_best_model_at_end:
+            raise ValueError("early_stopping_patience needs load_best_model_at_end: true (the best checkpoint is restored)")
+        if self.load_best_model_at_end:
+            if self.eval_strategy == "no":
+                raise ValueError("load_best_model_at_end needs evaluation: set eval_strategy to steps or epoch")
+            if self.save_strategy != self.eval_strategy:
+                raise ValueError("load_best_model_at_end needs save_strategy equal to eval_strategy")
+            if self.eval_strategy == "steps" and self.save_steps % (self.eval_steps or self.save_steps):
+                raise ValueError("load_best_model_at_end needs save_steps to be a multiple of eval_steps")
+        return self
 
 
 class OllamaConfig(Section):

@@ -74,12 +74,19 @@ def load_tokenizer(model_dir: Path) -> Any:
     return AutoTokenizer.from_pretrained(model_dir)
 
 
-def load_causal_lm(model_dir: Path, family: Family, dtype: Any = None) -> Any:
+def load_causal_lm(model_dir: Path, family: Family, dtype: Any = None, load_in_4bit: bool = False) -> Any:
+    """The model in `dtype`; with load_in_4bit its linear weights as NF4 (QLoRA; needs a GPU and bitsandbytes,
+    checked by train/preflight.py), computing in `dtype`."""
     import torch
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM, BitsAndBytesConfig
 
+    quantization = BitsAndBytesConfig(
+        load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
+        bnb_4bit_compute_dtype=dtype or torch.float32,
+    ) if load_in_4bit else None
     return AutoModelForCausalLM.from_pretrained(
-        model_dir, dtype=dtype or torch.float32, attn_implementation=family.attn_implementation
+        model_dir, dtype=dtype or torch.float32, attn_implementation=family.attn_implementation,
+        quantization_config=quantization, device_map={"": 0} if load_in_4bit else None,
     )
 
 

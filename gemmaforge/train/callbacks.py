@@ -8,7 +8,9 @@ from typing import Any
 
 from transformers import TrainerCallback
 
-_KEPT = ("loss", "eval_loss", "learning_rate", "grad_norm", "epoch")
+_KEPT = (
+    "loss", "eval_loss", "learning_rate", "grad_norm", "epoch", "supervised_tokens_per_second", "peak_memory_bytes",
+)
 
 
 class MetricsCallback(TrainerCallback):

@@ -7,51 +7,121 @@ output layer runs only on the hidden states whose next token is supervised.
 
 from __future__ import annotations
 
+import math
+import resource
+import time
 from typing import Any
 
 import torch
 import torch.nn.functional as F
+import torch.utils.checkpoint
 from transformers import Trainer
 
 from gemmaforge.templates import IGNORE_INDEX
 
 
-def supervised_loss(model: Any, inputs: dict[str, torch.Tensor], num_items: int | torch.Tensor | None) -> torch.Tensor:
+def supervised_loss(
+    model: Any, inputs: dict[str, torch.Tensor], num_items: int | torch.Tensor | None, chunk_size: int = 1024
+) -> torch.Tensor:
     """Mean next-token cross-entropy over supervised positions (sum / num_items when the trainer
-    counts items across gradient accumulation, exactly like transformers' own causal-LM loss)."""
+    counts items across gradient accumulation, exactly like transformers' own causal-LM loss).
+    Packed batches come with position_ids and no attention mask (see train/packing.py)."""
     causal_lm = model.get_base_model() if hasattr(model, "get_base_model") else model
-    hidden = causal_lm.model(input_ids=inputs["input_ids"], attention_mask=inputs["attention_mask"]).last_hidden_state
+    if "position_ids" in inputs:
+        body = causal_lm.model(input_ids=inputs["input_ids"], position_ids=inputs["position_ids"], use_cache=False)
+    else:
+        body = causal_lm.model(input_ids=inputs["input_ids"], attention_mask=inputs["attention_mask"], use_cache=False)
     targets = inputs["labels"][:, 1:]  # (B, T-1): position t predicts token t+1
     keep = targets != IGNORE_INDEX
-    logits = causal_lm.get_output_embeddings()(hidden[:, :-1][keep])  # (N, V), N supervised positions
-    softcap = getattr(causal_lm.config, "final_logit_softcapping", None)
-    if softcap:
-        logits = torch.tanh(logits / softcap) * softcap
-    loss = F.cross_entropy(logits.float(), targets[keep], reduction="sum")
+    hidden = body.last_hidden_state[:, :-1][keep]  # (N, H), N supervised positions
+    loss = chunked_cross_entropy(
+        hidden, targets[keep], causal_lm.get_output_embeddings(),
+        getattr(causal_lm.config, "final_logit_softcapping", None), chunk_size,
+    )
     denominator = num_items if num_items is not None else keep.sum()
     if isinstance(denominator, torch.Tensor):
         denominator = denominator.to(loss.device)
     return loss / denominator
 
 
+def chunked_cross_entropy(
+    hidden: torch.Tensor, targets: torch.Tensor, output_layer: Any, softcap: float | None, chunk_size: int
+) -> torch.Tensor:
+    """Summed cross-entropy of output_layer(hidden) against targets, `chunk_size` rows at a time. Above
+    one chunk each chunk's logits are recomputed in backward instead of kept, so at most chunk_size x
+    vocabulary logits ever exist; a single chunk runs plainly (no recompute)."""
+
+    def chunk_loss(h: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+        logits = output_layer(h)  # (n, V)
+        if softcap:
+            logits = torch.tanh(logits / softcap) * softcap
+        return F.cross_entropy(logits.float(), t, reduction="sum")
+
+    if hidden.shape[0] <= chunk_size:
+        return chunk_loss(hidden, targets)
+    return sum(
+        torch.utils.checkpoint.checkpoint(chunk_loss, h, t, use_reentrant=False)
+        for h, t in zip(hidden.split(chunk_size), targets.split(chunk_size))
+    )
+
+
+class NonFiniteLoss(RuntimeError):
+    """The training loss became NaN or infinite at `step`."""
+
+    def __init__(self, step: int, loss: float):
+        super().__init__(f"loss {loss} at step {step}")
+        self.step, self.loss = step, loss
+
+
 class SupervisedLossTrainer(Trainer):
     """A Trainer whose loss is `supervised_loss`, already normalised by the item count of the whole
-    accumulated batch (so the Trainer must not divide it by the accumulation steps again)."""
+    accumulated batch (so the Trainer must not divide it by the accumulation steps again). It stops
+    at the first non-finite loss, and adds supervised tokens/s and peak memory to every log."""
 
-    def __init__(self, *args: Any, **kwargs: Any):
+    def __init__(self, *args: Any, logits_chunk_size: int = 1024, **kwargs: Any):
         super().__init__(*args, **kwargs)
         self.model_accepts_loss_kwargs = True  # makes the Trainer count num_items_in_batch
         self.loss_is_scaled_for_ga = True
+        self.logits_chunk_size = logits_chunk_size
+        self.supervised_tokens = 0  # since the last log
+        self.examples_seen = 0
+        self.last_log_time = time.perf_counter()
 
     def compute_loss(self, model: Any, inputs: dict[str, torch.Tensor], return_outputs: bool = False,
                      num_items_in_batch: Any = None) -> Any:
-        loss = supervised_loss(model, inputs, num_items_in_batch)
+        loss = supervised_loss(model, inputs, num_items_in_batch, self.logits_chunk_size)
         return (loss, None) if return_outputs else loss
+
+    def training_step(self, model: Any, inputs: dict[str, Any], num_items_in_batch: Any = None) -> torch.Tensor:
+        labels = inputs["labels"]
+        self.supervised_tokens += int((labels[:, 1:] != IGNORE_INDEX).sum())
+        self.examples_seen += int(inputs.pop("examples").sum()) if "examples" in inputs else labels.shape[0]
+        loss = super().training_step(model, inputs, num_items_in_batch)
+        value = float(loss)  # one host sync per step: cheap next to a step, and garbage never trains on
+        if not math.isfinite(value):
+            raise NonFiniteLoss(self.state.global_step + 1, value)
+        return loss
+
+    def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
+        if "loss" in logs:
+            now = time.perf_counter()
+            logs["supervised_tokens_per_second"] = round(self.supervised_tokens / max(now - self.last_log_time, 1e-9), 1)
+            logs["peak_memory_bytes"] = peak_memory_bytes()
+            self.supervised_tokens, self.last_log_time = 0, now
+        super().log(logs, start_time)
 
     def prediction_step(self, model: Any, inputs: dict[str, torch.Tensor], prediction_loss_only: bool,
                         ignore_keys: Any = None) -> tuple[torch.Tensor, None, None]:
         """Evaluation needs the loss only; never build full-vocabulary logits for it."""
         inputs = self._prepare_inputs(inputs)
+        inputs.pop("examples", None)
         with torch.no_grad():
-            loss = supervised_loss(model, inputs, None)
+            loss = supervised_loss(model, inputs, None, self.logits_chunk_size)
         return loss.detach(), None, None
+
+
+def peak_memory_bytes() -> int:
+    """Peak accelerator memory allocated by torch, or the process's peak resident memory on the CPU."""
+    if torch.cuda.is_available():
+        return int(torch.cuda.max_memory_allocated())
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB

@@ -2,26 +2,29 @@
 
 from __future__ import annotations
 
+import os
 import time
 from typing import Any
 
 from gemmaforge.config import RunConfig
 from gemmaforge.console import console
 from gemmaforge.data.prepare import read_prepared
-from gemmaforge.errors import UserError
+from gemmaforge.errors import StageError, UserError
 from gemmaforge.families import Family
 from gemmaforge.models import ResolvedModel, load_causal_lm, load_tokenizer
 from gemmaforge.runs import RunDir, atomic_dir
-from gemmaforge.templates import hf_chat_template
+from gemmaforge.templates import IGNORE_INDEX, hf_chat_template
 from gemmaforge.train.callbacks import MetricsCallback
+from gemmaforge.train.checkpoints import CompleteMarker, keep_metrics_until, last_complete_checkpoint
 from gemmaforge.train.collate import RightPadCollator, tokenize_conversations
-from gemmaforge.train.loss import SupervisedLossTrainer
-from gemmaforge.train.precision import resolve_precision
+from gemmaforge.train.loss import NonFiniteLoss, SupervisedLossTrainer, peak_memory_bytes
+from gemmaforge.train.packing import PackedCollator, pack_examples
+from gemmaforge.train.preflight import preflight
 from gemmaforge.train.template_tokens import use_sparse_template_tokens
 
 
-def lora_targets(config: RunConfig, base: ResolvedModel) -> list[str]:
-    return list(config.lora.target_modules or base.family.default_lora_targets)
+def lora_targets(config: RunConfig, base: ResolvedModel) -> list[str] | str:
+    return config.lora.target_modules or list(base.family.default_lora_targets)
 
 
 def template_token_ids(tokenizer: Any, family: Family) -> list[int]:
@@ -30,21 +33,28 @@ def template_token_ids(tokenizer: Any, family: Family) -> list[int]:
 
 def build_peft_model(config: RunConfig, base: ResolvedModel, tokenizer: Any, precision: str) -> Any:
     import torch
-    from peft import LoraConfig, get_peft_model
+    from peft import LoraConfig, get_peft_model, prepare_model_for_kbit_training
     from transformers import set_seed
 
     set_seed(config.train.seed)  # the LoRA initialisation draws from the global RNG: same config, same run
-    model = load_causal_lm(base.path, base.family, torch.bfloat16 if precision == "bf16" else torch.float32)
+    dtype = torch.bfloat16 if precision == "bf16" else torch.float32
+    model = load_causal_lm(base.path, base.family, dtype, load_in_4bit=config.model.load_in_4bit)
+    if config.model.load_in_4bit:
+        model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=config.train.gradient_checkpointing)
+    lora = config.lora
     model = get_peft_model(
         model,
         LoraConfig(
             task_type="CAUSAL_LM",
-            r=config.lora.r,
-            lora_alpha=config.lora.lora_alpha,
-            lora_dropout=config.lora.lora_dropout,
+            r=lora.r,
+            lora_alpha=lora.lora_alpha,
+            lora_dropout=lora.lora_dropout,
             target_modules=lora_targets(config, base),
-            bias=config.lora.bias,
-            trainable_token_indices=template_token_ids(tokenizer, base.family) if config.lora.train_template_tokens else None,
+            bias=lora.bias,
+            use_rslora=lora.use_rslora,
+            use_dora=lora.use_dora,
+            modules_to_save=lora.modules_to_save,
+            trainable_token_indices=template_token_ids(tokenizer, base.family) if lora.train_template_tokens else None,
         ),
     )
     use_sparse_template_tokens(model)
@@ -56,6 +66,9 @@ def training_arguments(config: RunConfig, run: RunDir, precision: str, has_val: 
     from transformers import TrainingArguments
 
     t = config.train
+    evaluate = t.eval_strategy if has_val else "no"
+    if t.report_to == "tensorboard":  # transformers' TensorBoard callback reads its folder from the environment
+        os.environ["TENSORBOARD_LOGGING_DIR"] = str(run.root / "tensorboard")
     return TrainingArguments(
         output_dir=str(run.checkpoints_dir),
         num_train_epochs=t.num_train_epochs,
@@ -65,20 +78,26 @@ def training_arguments(config: RunConfig, run: RunDir, precision: str, has_val: 
         gradient_accumulation_steps=t.gradient_accumulation_steps,
         learning_rate=t.learning_rate,
         lr_scheduler_type=t.lr_scheduler_type,
-        warmup_steps=t.warmup_steps,
+        warmup_steps=t.warmup_steps or t.warmup_ratio,  # transformers reads a float < 1 as a ratio
         weight_decay=t.weight_decay,
         max_grad_norm=t.max_grad_norm,
         logging_steps=t.logging_steps,
-        save_strategy="steps",
+        logging_nan_inf_filter=False,  # a NaN must reach the guard, not be averaged away
+        save_strategy=t.save_strategy,
         save_steps=t.save_steps,
         save_total_limit=t.save_total_limit,
-        eval_strategy="steps" if has_val else "no",
-        eval_steps=t.save_steps,
+        eval_strategy=evaluate,
+        eval_steps=t.eval_steps or t.save_steps,
+        load_best_model_at_end=t.load_best_model_at_end and evaluate != "no",
+        metric_for_best_model=t.metric_for_best_model,
+        greater_is_better=not t.metric_for_best_model.endswith("loss"),
+        **checkpointing_arguments(t.gradient_checkpointing),
+        dataloader_num_workers=t.dataloader_num_workers,
         bf16=precision == "bf16",
         fp16=precision == "fp16",
         seed=t.seed,
         data_seed=t.seed,
-        report_to="none",
+        report_to=[] if t.report_to == "none" else [t.report_to],
         remove_unused_columns=False,
         prediction_loss_only=True,
         dataloader_pin_memory=False,
@@ -86,69 +105,115 @@ def training_arguments(config: RunConfig, run: RunDir, precision: str, has_val: 
     )
 
 
+def checkpointing_arguments(enabled: bool) -> dict[str, Any]:
+    """transformers renamed gradient_checkpointing to activation_checkpointing; pass the name it knows."""
+    from dataclasses import fields
+
+    from transformers import TrainingArguments
+
+    name = "activation_checkpointing" if "activation_checkpointing" in {f.name for f in fields(TrainingArguments)} else "gradient_checkpointing"
+    return {name: enabled, f"{name}_kwargs": {"use_reentrant": False}}
+
+
+def encode_split(run: RunDir, config: RunConfig, tokenizer: Any, family: Family, name: str) -> tuple[list[dict], int]:
+    return tokenize_conversations(
+        read_prepared(run.require(run.data_dir / f"{name}.jsonl", "data")), tokenizer, family,
+        config.train.cutoff_len, f"data/{name}.jsonl",
+        train_on_prompt=config.data.train_on_prompt, mask_history=config.data.mask_history,
+    )
+
+
 def train(run: RunDir, config: RunConfig, base: ResolvedModel) -> dict[str, Any]:
     """Train and save the adapter (with the tokenizer and its chat template) into run.adapter_dir."""
     import torch
-    from transformers.trainer_utils import get_last_checkpoint
+    from transformers import EarlyStoppingCallback
 
     family = base.family
-    precision = resolve_precision(config.train.precision, family)
+    precision = preflight(config, base)
     tokenizer = load_tokenizer(base.path)
     tokenizer.chat_template = hf_chat_template(family)
     cutoff = config.train.cutoff_len
-    options = {"train_on_prompt": config.data.train_on_prompt, "mask_history": config.data.mask_history}
-    train_rows, dropped = tokenize_conversations(
-        read_prepared(run.require(run.data_dir / "train.jsonl", "data")), tokenizer, family, cutoff,
-        "data/train.jsonl", **options,
-    )
-    val_rows, _ = tokenize_conversations(
-        read_prepared(run.require(run.data_dir / "val.jsonl", "data")), tokenizer, family, cutoff,
-        "data/val.jsonl", **options,
-    )
+    train_rows, dropped = encode_split(run, config, tokenizer, family, "train")
+    val_rows, _ = encode_split(run, config, tokenizer, family, "val")
     if not train_rows:
         raise UserError(f"no training example keeps a supervised token within train.cutoff_len={cutoff}")
     if dropped:
         console.print(f"[yellow]gemmaforge[/]: {dropped} training examples dropped: prompt alone exceeds cutoff_len={cutoff}")
+    if config.train.packing:
+        train_set, val_set = pack_examples(train_rows, cutoff), pack_examples(val_rows, cutoff)
+        collator: Any = PackedCollator(tokenizer.pad_token_id)
+        console.print(f"[bold]train[/]: {len(train_rows)} examples packed into {len(train_set)} rows of <= {cutoff} tokens")
+    else:
+        train_set, val_set, collator = train_rows, val_rows, RightPadCollator(tokenizer.pad_token_id)
 
     model = build_peft_model(config, base, tokenizer, precision)
     args = training_arguments(config, run, precision, has_val=bool(val_rows))
-    resume = get_last_checkpoint(str(run.checkpoints_dir)) if run.checkpoints_dir.is_dir() else None
+    resume = last_complete_checkpoint(run.checkpoints_dir)
     if resume:
-        console.print(f"[bold]gemmaforge[/]: resuming from {resume}")
+        step = int(resume.name.split("-")[1])
+        console.print(f"[bold]train[/]: resuming from {resume.name} (step {step}), the last complete checkpoint")
+        keep_metrics_until(run.metrics_path, step)
     else:
         run.metrics_path.unlink(missing_ok=True)
+    callbacks: list[Any] = [MetricsCallback(run.metrics_path, run.loss_plot_path), CompleteMarker()]
+    if config.train.early_stopping_patience and val_rows:
+        callbacks.append(EarlyStoppingCallback(early_stopping_patience=config.train.early_stopping_patience))
     trainer = SupervisedLossTrainer(
         model=model,
         args=args,
-        train_dataset=train_rows,
-        eval_dataset=val_rows or None,
-        data_collator=RightPadCollator(tokenizer.pad_token_id),
+        train_dataset=train_set,
+        eval_dataset=val_set or None,
+        data_collator=collator,
         processing_class=tokenizer,
-        callbacks=[MetricsCallback(run.metrics_path, run.loss_plot_path)],
+        callbacks=callbacks,
+        logits_chunk_size=config.train.logits_chunk_size,
     )
     start = time.perf_counter()
-    result = trainer.train(resume_from_checkpoint=resume)
+    try:
+        result = trainer.train(resume_from_checkpoint=str(resume) if resume else None)
+    except NonFiniteLoss as exc:
+        raise StageError(diagnose_non_finite(exc, config, precision)) from None
     runtime = time.perf_counter() - start
     evals = [log for log in trainer.state.log_history if "eval_loss" in log]
-    if val_rows and (not evals or evals[-1]["step"] != result.global_step):
-        evals.append(trainer.evaluate())
+    if val_rows and (not evals or evals[-1]["step"] != result.global_step or config.train.load_best_model_at_end):
+        evals.append(trainer.evaluate())  # of the restored best model when load_best_model_at_end
     final_eval = evals[-1] if evals else {}
     with atomic_dir(run.adapter_dir) as tmp:
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
-    supervised = sum(sum(1 for label in ex["labels"] if label != -100) for ex in train_rows)
     epochs = result.metrics.get("epoch", config.train.num_train_epochs)
+    supervised = sum(sum(label != IGNORE_INDEX for label in ex["labels"][1:]) for ex in train_rows)
     return {
         "device": "cuda" if torch.cuda.is_available() else "cpu",
         "precision": precision,
+        "packing": config.train.packing,
         "steps": result.global_step,
-        "train_examples": len(train_rows),
+        "resumed_from_step": int(resume.name.split("-")[1]) if resume else None,
+        "best_checkpoint": trainer.state.best_model_checkpoint,
+        "samples": len(train_rows),
         "dropped_examples": dropped,
         "train_loss": round(result.training_loss, 4),
         "eval_loss": round(final_eval["eval_loss"], 4) if "eval_loss" in final_eval else None,
-        "train_runtime_s": round(runtime, 2),
+        "train_runtime_s": round(runtime, 2),  # the training loop; the stage's runtime_s includes loading
         "samples_per_second": round(len(train_rows) * epochs / runtime, 3),
         "supervised_tokens_per_second": round(supervised * epochs / runtime, 1),
+        "peak_memory_bytes": peak_memory_bytes(),
         "lora_targets": lora_targets(config, base),
     }
 
+
+def diagnose_non_finite(exc: NonFiniteLoss, config: RunConfig, precision: str) -> str:
+    """What to change after a NaN/inf loss, most likely cause first."""
+    t = config.train
+    hints = []
+    if precision == "fp16":
+        hints.append("fp16 overflows easily: set train.precision=bf16 (or fp32 where bf16 is missing)")
+    if t.learning_rate > 5e-4:
+        hints.append(f"train.learning_rate={t.learning_rate} is high for LoRA: try {t.learning_rate / 10:g}")
+    if t.warmup_steps == 0 and t.warmup_ratio == 0:
+        hints.append("add warmup: train.warmup_ratio=0.03")
+    hints.append("check the data around this step: `gemmaforge data inspect RUN_DIR/data/train.jsonl`")
+    return (
+        f"training stopped: the loss became {exc.loss} at step {exc.step} (precision {precision}); "
+        "nothing was trained on it. Likely fixes: " + "; ".join(hints)
+    )
