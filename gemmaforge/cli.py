@@ -21,6 +21,7 @@ from gemmaforge.config import (
     validate_config,
 )
 from gemmaforge.console import console
+from gemmaforge.distributed import init_if_launched
 from gemmaforge.errors import StageError, UserError
 from gemmaforge.families import FAMILIES
 from gemmaforge.models import default_home
@@ -167,6 +168,7 @@ def dispatch(args: argparse.Namespace) -> None:
     elif args.verb == "data":
         run_data_action(args, home)
     elif args.verb == "train":
+        init_if_launched()
         config = load_config(args.config, args.overrides)
         run = RunDir.create(config)
         base = pipeline.base_model(run, config, home)

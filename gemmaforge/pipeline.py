@@ -9,6 +9,7 @@ from pathlib import Path
 
 from gemmaforge.config import RunConfig
 from gemmaforge.console import console
+from gemmaforge.distributed import barrier, is_main_process
 from gemmaforge.models import ResolvedModel, resolve_model
 from gemmaforge.runs import RunDir
 
@@ -27,12 +28,16 @@ def stage_data(run: RunDir, config: RunConfig, base: ResolvedModel) -> None:
     from gemmaforge.data.prepare import prepare_data, summary_line
     from gemmaforge.models import load_tokenizer
 
+    if not is_main_process():  # the main rank prepares; the others read its files
+        barrier()
+        return
     with run.stage("data") as record:
         stats = prepare_data(
             config.data, config.train.seed, run.data_dir, load_tokenizer(base.path), base.family, config.train.cutoff_len
         )
         record.update({k: stats[k] for k in ("format", "records", "kept", "train", "val", "dropped", "changed")})
         record.update(train_sha256=stats["train_sha256"], val_sha256=stats["val_sha256"])
+    barrier()
     console.print(f"[bold]data[/]: {summary_line(stats)} -> {run.data_dir}")
 
 

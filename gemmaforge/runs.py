@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from gemmaforge.config import RunConfig, dump_config, load_config
+from gemmaforge.distributed import is_main_process
 from gemmaforge.errors import UserError
 
 _VERSIONED_PACKAGES = ("gemmaforge", "torch", "transformers", "peft", "accelerate", "gguf", "safetensors")
@@ -85,7 +86,8 @@ class RunDir:
             probe.unlink()
         except OSError as exc:
             raise UserError(f"output_dir '{run.root}': cannot write there ({exc.strerror})") from None
-        atomic_write_text(run.config_path, dump_config(config))
+        if is_main_process():
+            atomic_write_text(run.config_path, dump_config(config))
         return run
 
     @classmethod
@@ -111,11 +113,15 @@ class RunDir:
         }
 
     def update_manifest(self, **fields: Any) -> None:
+        if not is_main_process():  # under torchrun every rank runs the stage; one writes
+            return
         manifest = self.manifest()
         manifest.update(fields)
         atomic_write_text(self.manifest_path, json.dumps(manifest, indent=2, ensure_ascii=False) + "\n")
 
     def record_stage(self, stage: str, **fields: Any) -> None:
+        if not is_main_process():
+            return
         manifest = self.manifest()
         manifest["stages"].setdefault(stage, {}).update(fields)
         atomic_write_text(self.manifest_path, json.dumps(manifest, indent=2, ensure_ascii=False) + "\n")

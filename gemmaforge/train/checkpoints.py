@@ -34,15 +34,16 @@ def checkpoints(folder: Path) -> list[tuple[int, Path]]:
     return sorted(found)
 
 
-def last_complete_checkpoint(folder: Path) -> Path | None:
-    """The newest marked checkpoint; unmarked (half-written) checkpoint folders are deleted."""
+def last_complete_checkpoint(folder: Path, delete_incomplete: bool = True) -> Path | None:
+    """The newest marked checkpoint; unmarked (half-written) checkpoint folders are deleted (by one
+    process only when several share the folder)."""
     if not folder.is_dir():
         return None
     complete = None
     for _step, path in checkpoints(folder):
         if (path / MARKER).is_file():
             complete = path
-        else:
+        elif delete_incomplete:
             shutil.rmtree(path, ignore_errors=True)
     return complete
 

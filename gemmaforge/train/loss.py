@@ -10,12 +10,14 @@ from __future__ import annotations
 import math
 import resource
 import time
+import types
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 import torch.utils.checkpoint
 from transformers import Trainer
+from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from gemmaforge.templates import IGNORE_INDEX
 
@@ -65,6 +67,22 @@ def chunked_cross_entropy(
     )
 
 
+def install_supervised_forward(model: Any, chunk_size: int) -> None:
+    """Make the causal LM's own forward return `supervised_loss` (and no logits). The Trainer then calls
+    the top-level model as usual, so wrappers around it (PEFT, DistributedDataParallel, whose forward
+    arms the gradient all-reduce) stay on the path."""
+    causal_lm = model.get_base_model() if hasattr(model, "get_base_model") else model
+
+    def forward(self: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
+                position_ids: torch.Tensor | None = None, labels: torch.Tensor | None = None,
+                num_items_in_batch: Any = None, **_: Any) -> CausalLMOutputWithPast:
+        inputs = {"input_ids": input_ids, "labels": labels}
+        inputs.update({"position_ids": position_ids} if position_ids is not None else {"attention_mask": attention_mask})
+        return CausalLMOutputWithPast(loss=supervised_loss(self, inputs, num_items_in_batch, chunk_size))
+
+    causal_lm.forward = types.MethodType(forward, causal_lm)
+
+
 class NonFiniteLoss(RuntimeError):
     """The training loss became NaN or infinite at `step`."""
 
@@ -74,22 +92,21 @@ class NonFiniteLoss(RuntimeError):
 
 
 class SupervisedLossTrainer(Trainer):
-    """A Trainer whose loss is `supervised_loss`, already normalised by the item count of the whole
+    """A Trainer for a model prepared with `install_supervised_forward`: its loss is `supervised_loss`, already normalised by the item count of the whole
     accumulated batch (so the Trainer must not divide it by the accumulation steps again). It stops
     at the first non-finite loss, and adds supervised tokens/s and peak memory to every log."""
 
-    def __init__(self, *args: Any, logits_chunk_size: int = 1024, **kwargs: Any):
+    def __init__(self, *args: Any, **kwargs: Any):
         super().__init__(*args, **kwargs)
         self.model_accepts_loss_kwargs = True  # makes the Trainer count num_items_in_batch
         self.loss_is_scaled_for_ga = True
-        self.logits_chunk_size = logits_chunk_size
         self.supervised_tokens = 0  # since the last log
         self.examples_seen = 0
         self.last_log_time = time.perf_counter()
 
     def compute_loss(self, model: Any, inputs: dict[str, torch.Tensor], return_outputs: bool = False,
                      num_items_in_batch: Any = None) -> Any:
-        loss = supervised_loss(model, inputs, num_items_in_batch, self.logits_chunk_size)
+        loss = model(**inputs, num_items_in_batch=num_items_in_batch).loss  # see install_supervised_forward
         return (loss, None) if return_outputs else loss
 
     def training_step(self, model: Any, inputs: dict[str, Any], num_items_in_batch: Any = None) -> torch.Tensor:
@@ -116,7 +133,7 @@ class SupervisedLossTrainer(Trainer):
         inputs = self._prepare_inputs(inputs)
         inputs.pop("examples", None)
         with torch.no_grad():
-            loss = supervised_loss(model, inputs, None, self.logits_chunk_size)
+            loss = model(**inputs).loss
         return loss.detach(), None, None
 
 

@@ -9,6 +9,7 @@ from typing import Any
 from gemmaforge.config import RunConfig
 from gemmaforge.console import console
 from gemmaforge.data.prepare import read_prepared
+from gemmaforge.distributed import gather, is_main_process
 from gemmaforge.errors import StageError, UserError
 from gemmaforge.families import Family
 from gemmaforge.models import ResolvedModel, load_causal_lm, load_tokenizer
@@ -17,7 +18,7 @@ from gemmaforge.templates import IGNORE_INDEX, hf_chat_template
 from gemmaforge.train.callbacks import MetricsCallback
 from gemmaforge.train.checkpoints import CompleteMarker, keep_metrics_until, last_complete_checkpoint
 from gemmaforge.train.collate import RightPadCollator, tokenize_conversations
-from gemmaforge.train.loss import NonFiniteLoss, SupervisedLossTrainer, peak_memory_bytes
+from gemmaforge.train.loss import NonFiniteLoss, SupervisedLossTrainer, install_supervised_forward, peak_memory_bytes
 from gemmaforge.train.packing import PackedCollator, pack_examples
 from gemmaforge.train.preflight import preflight
 from gemmaforge.train.template_tokens import use_sparse_template_tokens
@@ -58,6 +59,7 @@ def build_peft_model(config: RunConfig, base: ResolvedModel, tokenizer: Any, pre
         ),
     )
     use_sparse_template_tokens(model)
+    install_supervised_forward(model, config.train.logits_chunk_size)
     return model
 
 
@@ -148,12 +150,13 @@ def train(run: RunDir, config: RunConfig, base: ResolvedModel) -> dict[str, Any]
 
     model = build_peft_model(config, base, tokenizer, precision)
     args = training_arguments(config, run, precision, has_val=bool(val_rows))
-    resume = last_complete_checkpoint(run.checkpoints_dir)
+    resume = last_complete_checkpoint(run.checkpoints_dir, delete_incomplete=is_main_process())
     if resume:
         step = int(resume.name.split("-")[1])
         console.print(f"[bold]train[/]: resuming from {resume.name} (step {step}), the last complete checkpoint")
-        keep_metrics_until(run.metrics_path, step)
-    else:
+        if is_main_process():
+            keep_metrics_until(run.metrics_path, step)
+    elif is_main_process():
         run.metrics_path.unlink(missing_ok=True)
     callbacks: list[Any] = [MetricsCallback(run.metrics_path, run.loss_plot_path), CompleteMarker()]
     if config.train.early_stopping_patience and val_rows:
@@ -166,7 +169,6 @@ def train(run: RunDir, config: RunConfig, base: ResolvedModel) -> dict[str, Any]
         data_collator=collator,
         processing_class=tokenizer,
         callbacks=callbacks,
-        logits_chunk_size=config.train.logits_chunk_size,
     )
     start = time.perf_counter()
     try:
@@ -178,9 +180,13 @@ def train(run: RunDir, config: RunConfig, base: ResolvedModel) -> dict[str, Any]
     if val_rows and (not evals or evals[-1]["step"] != result.global_step or config.train.load_best_model_at_end):
         evals.append(trainer.evaluate())  # of the restored best model when load_best_model_at_end
     final_eval = evals[-1] if evals else {}
-    with atomic_dir(run.adapter_dir) as tmp:
-        model.save_pretrained(tmp)
-        tokenizer.save_pretrained(tmp)
+    checksums = gather(adapter_checksum(model))
+    if len(set(checksums)) != 1:
+        raise StageError(f"the {len(checksums)} ranks finished with different adapters ({checksums}): gradients were not synchronised")
+    if is_main_process():
+        with atomic_dir(run.adapter_dir) as tmp:
+            model.save_pretrained(tmp)
+            tokenizer.save_pretrained(tmp)
     epochs = result.metrics.get("epoch", config.train.num_train_epochs)
     supervised = sum(sum(label != IGNORE_INDEX for label in ex["labels"][1:]) for ex in train_rows)
     return {
@@ -199,7 +205,21 @@ def train(run: RunDir, config: RunConfig, base: ResolvedModel) -> dict[str, Any]
         "supervised_tokens_per_second": round(supervised * epochs / runtime, 1),
         "peak_memory_bytes": peak_memory_bytes(),
         "lora_targets": lora_targets(config, base),
+        "world_size": len(checksums),
+        "adapter_checksum": checksums[0],
     }
+
+
+def adapter_checksum(model: Any) -> str:
+    """A digest of every trainable tensor: equal on every rank when data-parallel training synchronised."""
+    import hashlib
+
+    digest = hashlib.sha256()
+    for name, param in sorted(model.named_parameters()):
+        if param.requires_grad:
+            digest.update(name.encode())
+            digest.update(param.detach().float().cpu().numpy().tobytes())
+    return digest.hexdigest()[:16]
 
 
 def diagnose_non_finite(exc: NonFiniteLoss, config: RunConfig, precision: str) -> str:

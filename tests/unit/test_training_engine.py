@@ -138,3 +138,17 @@ def test_tiny_gemma4_learns_with_gradient_checkpointing() -> None:
     assert abs(with_checkpointing[0] - torch.log(torch.tensor(512.0)).item()) < 0.2
     assert with_checkpointing[-1] < with_checkpointing[0] - 0.3, with_checkpointing  # broken: 10-16
     assert with_checkpointing == pytest.approx(without, rel=1e-4)
+
+
+def test_two_cpu_processes_train_the_same_adapter(tmp_path: Path, tiny_gemma3_dir) -> None:
+    """torchrun with 2 gloo ranks runs the unchanged command; the ranks end with equal adapters."""
+    config = write_config(tmp_path, tiny_gemma3_dir, max_steps=2, per_device_train_batch_size=2, save_steps=100,
+                          eval_strategy="no")
+    env = {**os.environ, "PYTHONWARNINGS": "ignore", "OMP_NUM_THREADS": "1"}
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29533",
+               "-m", "gemmaforge", "train", str(config)]
+    proc = subprocess.run(command, env=env, capture_output=True, text=True, timeout=900, check=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    record = manifest_train(tmp_path / "run")
+    assert record["world_size"] == 2 and record["steps"] == 2 and len(record["adapter_checksum"]) == 16
+    assert (tmp_path / "run" / "adapter" / "adapter_model.safetensors").is_file()
