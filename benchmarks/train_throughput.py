@@ -22,8 +22,10 @@ Each contender trains in its own process (peak RSS is that process's). Reported 
 * supervised tokens/s: samples/s x the mean number of tokens that carry loss in gemmaforge's definition
   (answer + <end_of_turn>, `encode_for_training`) per train example, the same divisor for everyone;
 * MFU: 6 x parameters x tokens pushed through the model per second (padding included) / this machine's
-  measured fp32 matmul rate. It is the usual 6N approximation: gemmaforge runs the 262k-row output layer
-  only at supervised positions, so it does fewer FLOPs than that formula credits it with;
+  measured fp32 matmul rate (best of 8 multiplies of 2048 x 2048). It is the usual 6N approximation, which
+  over-credits LoRA (frozen weights get no weight gradient: closer to 4N) and gemmaforge (its 262k-row output
+  layer runs only at supervised positions), so values near or above 100% mean "as fast as this CPU's matmul
+  rate allows", not an error;
 * eval loss: mean cross-entropy over the supervised tokens of the val split, computed here the same way
   for every trained adapter (fp32, no grad), and for the base model as a reference.
 
@@ -72,6 +74,7 @@ class Setup:
     steps: int
     batch_size: int
     grad_accum: int
+    library_precision: str = "bf16"  # recipe and TRL: bf16 autocast (the issue's choice) or plain fp32
     cutoff: int = CUTOFF
     learning_rate: float = LEARNING_RATE
     seed: int = SEED
@@ -103,23 +106,30 @@ def peak_rss_bytes() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
 
 
-class CountingCollator:
-    """Wraps a data collator and counts the examples and the (padded) tokens it hands to the model."""
+class StepCounter:
+    """Counts the examples and the (padded) tokens every training step pushes through the model. Counted in
+    trainer.training_step, not in the collator: accelerate's data loader collates one batch ahead."""
 
-    def __init__(self, inner: Any):
-        self.inner = inner
+    def __init__(self, trainer: Any):
         self.examples = 0
         self.tokens = 0
+        inner = trainer.training_step
 
-    def __call__(self, features: list[Any]) -> Any:
-        batch = self.inner(features)
-        self.examples += int(batch["input_ids"].shape[0])
-        self.tokens += int(batch["input_ids"].numel())
-        return batch
+        def training_step(model: Any, inputs: dict[str, Any], *args: Any, **kwargs: Any) -> Any:
+            self.examples += int(inputs["input_ids"].shape[0])
+            self.tokens += int(inputs["input_ids"].numel())
+            return inner(model, inputs, *args, **kwargs)
+
+        trainer.training_step = training_step
 
 
-def time_training(trainer: Any, counter: CountingCollator) -> dict[str, Any]:
+def precision_name(bf16: bool) -> str:
+    return "bf16 autocast (fp32 weights)" if bf16 else "fp32"
+
+
+def time_training(trainer: Any) -> dict[str, Any]:
     """Run trainer.train() and what the loop did: examples, padded tokens, seconds, peak RSS."""
+    counter = StepCounter(trainer)
     start = time.perf_counter()
     result = trainer.train()
     seconds = time.perf_counter() - start
@@ -163,14 +173,15 @@ def train_recipe(work: Path, setup: Setup, out: Path) -> dict[str, Any]:
     model = get_peft_model(model, lora_config())
     args = TrainingArguments(
         output_dir=str(out / "trainer"), max_steps=setup.steps, per_device_train_batch_size=setup.batch_size,
-        gradient_accumulation_steps=setup.grad_accum, learning_rate=setup.learning_rate, bf16=True, use_cpu=True,
-        logging_steps=1, save_strategy="no", report_to=[], seed=setup.seed,
+        gradient_accumulation_steps=setup.grad_accum, learning_rate=setup.learning_rate,
+        bf16=setup.library_precision == "bf16", use_cpu=True, logging_steps=1, save_strategy="no", report_to=[],
+        seed=setup.seed,
     )
-    counter = CountingCollator(DataCollatorForLanguageModeling(tokenizer, mlm=False))
-    trainer = Trainer(model=model, args=args, train_dataset=dataset, data_collator=counter)
-    result = time_training(trainer, counter)
+    collator = DataCollatorForLanguageModeling(tokenizer, mlm=False)
+    trainer = Trainer(model=model, args=args, train_dataset=dataset, data_collator=collator)
+    result = time_training(trainer)
     model.save_pretrained(out / "adapter")
-    return {**result, "precision": "bf16 autocast (fp32 weights)", "loss_on": "every non-pad token"}
+    return {**result, "precision": precision_name(args.bf16), "loss_on": "every non-pad token"}
 
 
 def train_trl(work: Path, setup: Setup, out: Path) -> dict[str, Any]:
@@ -186,16 +197,13 @@ def train_trl(work: Path, setup: Setup, out: Path) -> dict[str, Any]:
         output_dir=str(out / "trainer"), max_length=setup.cutoff, max_steps=setup.steps,
         per_device_train_batch_size=setup.batch_size, gradient_accumulation_steps=setup.grad_accum,
         learning_rate=setup.learning_rate, use_cpu=True, logging_steps=1, save_strategy="no", report_to=[],
-        seed=setup.seed,
+        seed=setup.seed, bf16=setup.library_precision == "bf16",
     )
     trainer = SFTTrainer(model=str(base.path), args=args, train_dataset=dataset, processing_class=tokenizer,
                          peft_config=lora_config())
-    counter = CountingCollator(trainer.data_collator)
-    trainer.data_collator = counter
-    result = time_training(trainer, counter)
+    result = time_training(trainer)
     trainer.model.save_pretrained(out / "adapter")
-    precision = "bf16 autocast (fp32 weights)" if args.bf16 else "fp32"
-    return {**result, "precision": precision, "loss_on": "every non-pad token (TRL default)",
+    return {**result, "precision": precision_name(args.bf16), "loss_on": "every non-pad token (TRL default)",
             "gradient_checkpointing": args.gradient_checkpointing}
 
 
@@ -238,17 +246,25 @@ def trl_missing() -> str | None:
     return None
 
 
-def run_library_contender(name: str, work: Path, setup: Setup) -> dict[str, Any]:
+def run_library_contender(name: str, work: Path, setup: Setup, reuse: bool) -> dict[str, Any]:
     if name == "trl" and (reason := trl_missing()):
         log(f"skipping trl: {reason}")
         return {"skipped": reason}
     out = work / name
+    if reuse and (out / "result.json").is_file():
+        log(f"reusing {out / 'result.json'}")
+        return read_library_result(out)
     shutil.rmtree(out, ignore_errors=True)
     command = [sys.executable, str(Path(__file__).resolve()), "--contender", name, "--work", str(work),
-               "--steps", str(setup.steps), "--batch-size", str(setup.batch_size), "--grad-accum", str(setup.grad_accum)]
+               "--steps", str(setup.steps), "--batch-size", str(setup.batch_size),
+               "--grad-accum", str(setup.grad_accum), "--library-precision", setup.library_precision]
     code = run_logged(command, out / "log.txt")
     if code:
         return failure(code, out / "log.txt")
+    return read_library_result(out)
+
+
+def read_library_result(out: Path) -> dict[str, Any]:
     result = json.loads((out / "result.json").read_text(encoding="utf-8"))
     return {**result, "adapter": str(out / "adapter"), "log": str(out / "log.txt")}
 
@@ -267,18 +283,26 @@ def gemmaforge_config(work: Path, data: Path, setup: Setup) -> Path:
         },
     }
     path = work / "gemmaforge" / "config.yaml"
+    path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(yaml.safe_dump(config, sort_keys=False), encoding="utf-8")
     return path
 
 
-def run_gemmaforge(work: Path, data: Path, setup: Setup, overrides: list[str], split: dict[str, Any]) -> dict[str, Any]:
+def run_gemmaforge(work: Path, data: Path, setup: Setup, overrides: list[str], split: dict[str, Any],
+                   reuse: bool) -> dict[str, Any]:
+    run, logfile = work / "gemmaforge" / "run", work / "gemmaforge" / "log.txt"
+    if reuse and (run / "adapter").is_dir() and (run / "metrics.jsonl").is_file():
+        log(f"reusing {run}")
+        return read_gemmaforge(run, logfile, overrides, split)
     shutil.rmtree(work / "gemmaforge", ignore_errors=True)  # a leftover run dir would be resumed
     config = gemmaforge_config(work, data, setup)
-    logfile = work / "gemmaforge" / "log.txt"
     code = run_logged([sys.executable, "-m", "gemmaforge", "train", str(config), *overrides], logfile)
     if code:
         return failure(code, logfile)
-    run = work / "gemmaforge" / "run"
+    return read_gemmaforge(run, logfile, overrides, split)
+
+
+def read_gemmaforge(run: Path, logfile: Path, overrides: list[str], split: dict[str, Any]) -> dict[str, Any]:
     manifest = json.loads((run / "manifest.json").read_text(encoding="utf-8"))
     stage, data_stage = manifest["stages"]["train"], manifest["stages"]["data"]
     metrics = [json.loads(line) for line in (run / "metrics.jsonl").read_text(encoding="utf-8").splitlines() if line]
@@ -295,7 +319,7 @@ def run_gemmaforge(work: Path, data: Path, setup: Setup, overrides: list[str], s
         "eval_loss_own": stage.get("eval_loss"),
         "logged_losses": [row["loss"] for row in metrics if "loss" in row],
         "overrides": overrides,
-        "same_split": (data_stage["train_sha256"], data_stage["val_sha256"]) == (split["train_sha256"], split["val_sha256"]),
+        "same_split": all(data_stage[key] == split[key] for key in ("train_sha256", "val_sha256")),
         "loss_on": "answers + <end_of_turn> (gemmaforge default)",
         "adapter": str(run / "adapter"),
         "log": str(logfile),
@@ -306,7 +330,8 @@ def run_gemmaforge(work: Path, data: Path, setup: Setup, overrides: list[str], s
 
 
 def matmul_flops(size: int = 2048, repeats: int = 8) -> float:
-    """This machine's fp32 matmul rate (FLOP/s, median of `repeats` multiplies) with torch's default threads."""
+    """This machine's fp32 matmul rate (FLOP/s, the best of `repeats` multiplies: the peak, least disturbed by
+    other load on a shared machine) with torch's default threads."""
     import torch
 
     a, b = torch.randn(size, size), torch.randn(size, size)
@@ -316,7 +341,7 @@ def matmul_flops(size: int = 2048, repeats: int = 8) -> float:
         start = time.perf_counter()
         torch.matmul(a, b)
         rates.append(2 * size**3 / (time.perf_counter() - start))
-    return statistics.median(rates)
+    return max(rates)
 
 
 def encode_split(messages: list[list[Message]], tokenizer: Any, base: ResolvedModel) -> list[dict[str, list[int]]]:
@@ -450,6 +475,12 @@ def parse_args() -> argparse.Namespace:
                         help="extra gemmaforge config override, e.g. train.packing=false (repeatable)")
     parser.add_argument("--batch-size", type=int, default=4, help="per-device batch (default 4; smaller: smoke test)")
     parser.add_argument("--grad-accum", type=int, default=4, help="gradient accumulation (default 4)")
+    parser.add_argument("--library-precision", choices=["bf16", "fp32"], default="bf16",
+                        help="recipe and TRL: bf16 autocast as the issue specifies (default; emulated and very slow on "
+                        "CPUs without AVX512-BF16/AMX) or fp32, what gemmaforge picks on such a CPU")
+    parser.add_argument("--reuse", action="store_true",
+                        help="keep a contender's finished result found in WORK (same settings!) instead of training "
+                        "again")
     parser.add_argument("--contender", choices=["recipe", "trl"], help=argparse.SUPPRESS)  # child process mode
     args = parser.parse_args()
     args.names = [n.strip() for n in args.contenders.split(",") if n.strip()]
@@ -478,9 +509,9 @@ def run_benchmark(args: argparse.Namespace, setup: Setup) -> dict[str, Any]:
     for name in args.names:
         log(f"training {name} ({setup.steps} steps of {setup.batch_size} x {setup.grad_accum}) ...")
         if name == "gemmaforge":
-            raw[name] = run_gemmaforge(work, data, setup, args.ours_override, split)
+            raw[name] = run_gemmaforge(work, data, setup, args.ours_override, split, args.reuse)
         else:
-            raw[name] = run_library_contender(name, work, setup)
+            raw[name] = run_library_contender(name, work, setup, args.reuse)
 
     log("evaluating the base model and every adapter on the val split ...")
     base_loss, base_params = eval_loss(base, val_rows, None)
@@ -513,7 +544,8 @@ def run_benchmark(args: argparse.Namespace, setup: Setup) -> dict[str, Any]:
 
 def main() -> None:
     args = parse_args()
-    setup = Setup(steps=args.steps, batch_size=args.batch_size, grad_accum=args.grad_accum)
+    setup = Setup(steps=args.steps, batch_size=args.batch_size, grad_accum=args.grad_accum,
+                  library_precision=args.library_precision)
     if args.contender:
         run_child(args.contender, args.work.resolve(), setup)
         return
