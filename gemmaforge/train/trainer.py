@@ -151,11 +151,11 @@ def train(run: RunDir, config: RunConfig, base: ResolvedModel) -> dict[str, Any]
     model = build_peft_model(config, base, tokenizer, precision)
     args = training_arguments(config, run, precision, has_val=bool(val_rows))
     resume = last_complete_checkpoint(run.checkpoints_dir, delete_incomplete=is_main_process())
+    resumed_step = int(resume.name.split("-")[1]) if resume else None
     if resume:
-        step = int(resume.name.split("-")[1])
-        console.print(f"[bold]train[/]: resuming from {resume.name} (step {step}), the last complete checkpoint")
+        console.print(f"[bold]train[/]: resuming from {resume.name} (step {resumed_step}), the last complete checkpoint")
         if is_main_process():
-            keep_metrics_until(run.metrics_path, step)
+            keep_metrics_until(run.metrics_path, resumed_step)
     elif is_main_process():
         run.metrics_path.unlink(missing_ok=True)
     callbacks: list[Any] = [MetricsCallback(run.metrics_path, run.loss_plot_path), CompleteMarker()]
@@ -194,7 +194,7 @@ def train(run: RunDir, config: RunConfig, base: ResolvedModel) -> dict[str, Any]
         "precision": precision,
         "packing": config.train.packing,
         "steps": result.global_step,
-        "resumed_from_step": int(resume.name.split("-")[1]) if resume else None,
+        "resumed_from_step": resumed_step,
         "best_checkpoint": trainer.state.best_model_checkpoint,
         "samples": len(train_rows),
         "dropped_examples": dropped,
