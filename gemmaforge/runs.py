@@ -81,9 +81,9 @@ class RunDir:
         run = cls(config.output_dir)
         try:
             run.root.mkdir(parents=True, exist_ok=True)
-            probe = run.root / ".write-test"
-            probe.write_text("")
-            probe.unlink()
+            # A private probe: under torchrun every rank probes the same directory at once.
+            with tempfile.NamedTemporaryFile(dir=run.root, prefix=".write-test-"):
+                pass
         except OSError as exc:
             raise UserError(f"output_dir '{run.root}': cannot write there ({exc.strerror})") from None
         if is_main_process():
