@@ -20,6 +20,7 @@ from transformers import Trainer
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from gemmaforge.templates import IGNORE_INDEX
+from gemmaforge.train.linear_cross_entropy import linear_cross_entropy
 
 
 def supervised_loss(
@@ -36,10 +37,11 @@ def supervised_loss(
     targets = inputs["labels"][:, 1:]  # (B, T-1): position t predicts token t+1
     keep = targets != IGNORE_INDEX
     hidden = body.last_hidden_state[:, :-1][keep]  # (N, H), N supervised positions
-    loss = chunked_cross_entropy(
-        hidden, targets[keep], causal_lm.get_output_embeddings(),
-        getattr(causal_lm.config, "final_logit_softcapping", None), chunk_size,
-    )
+    output_layer = causal_lm.get_output_embeddings()
+    softcap = getattr(causal_lm.config, "final_logit_softcapping", None)
+    loss = linear_cross_entropy(hidden, targets[keep], output_layer, softcap, chunk_size)
+    if loss is None:  # an output layer that is itself trained (modules_to_save) goes through autograd
+        loss = chunked_cross_entropy(hidden, targets[keep], output_layer, softcap, chunk_size)
     denominator = num_items if num_items is not None else keep.sum()
     if isinstance(denominator, torch.Tensor):
         denominator = denominator.to(loss.device)

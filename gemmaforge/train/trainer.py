@@ -15,6 +15,7 @@ from gemmaforge.families import Family
 from gemmaforge.models import ResolvedModel, load_causal_lm, load_tokenizer
 from gemmaforge.runs import RunDir, atomic_dir
 from gemmaforge.templates import IGNORE_INDEX, hf_chat_template
+from gemmaforge.train.allocator import serve_large_blocks_with_mmap
 from gemmaforge.train.callbacks import MetricsCallback
 from gemmaforge.train.checkpoints import CompleteMarker, keep_metrics_until, last_complete_checkpoint
 from gemmaforge.train.collate import RightPadCollator, tokenize_conversations
@@ -148,6 +149,8 @@ def train(run: RunDir, config: RunConfig, base: ResolvedModel) -> dict[str, Any]
     else:
         train_set, val_set, collator = train_rows, val_rows, RightPadCollator(tokenizer.pad_token_id)
 
+    if not torch.cuda.is_available():
+        serve_large_blocks_with_mmap()
     model = build_peft_model(config, base, tokenizer, precision)
     args = training_arguments(config, run, precision, has_val=bool(val_rows))
     resume = last_complete_checkpoint(run.checkpoints_dir, delete_incomplete=is_main_process())

@@ -2,6 +2,7 @@ import torch
 from peft import LoraConfig, get_peft_model
 from transformers import AutoModelForCausalLM
 
+from gemmaforge.train.linear_cross_entropy import fusable_output_layer
 from gemmaforge.train.loss import supervised_loss
 from gemmaforge.train.template_tokens import use_sparse_template_tokens
 
@@ -24,11 +25,12 @@ def test_sparse_forward_equals_peft_values_and_gradients(tiny_gemma3_dir) -> Non
     labels[:, :9] = -100
     inputs = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": labels}
     results = []
-    for sparse in (False, True):
+    for ours in (False, True):  # PEFT's own forward and transformers' loss, then ours
         model = peft_model(tiny_gemma3_dir, seed=0)
-        if sparse:
+        if ours:
             assert use_sparse_template_tokens(model) == 2  # input embedding and the tied output layer
-        loss = supervised_loss(model, inputs, None)
+            assert fusable_output_layer(model.get_base_model().get_output_embeddings()) is not None
+        loss = supervised_loss(model, inputs, None) if ours else model(**inputs).loss
         loss.backward()
         grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.requires_grad}
         results.append((loss.detach(), grads))

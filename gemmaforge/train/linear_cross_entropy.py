@@ -1,0 +1,106 @@
+"""The output layer and the cross-entropy in one pass, with the gradient computed in the forward.
+
+For a chunk of supervised hidden states h (n, H) and the frozen output weight W (V, H):
+
+    logits = h W^T (soft-capped where the family does), loss = sum(logsumexp(logits) - logits[target])
+    dlogits = softmax(logits) - onehot(target)  (times the soft-cap derivative), dh = dlogits W
+
+The forward keeps dh (n x H) and drops the chunk's n x V logits at once, and the backward only scales
+dh by the incoming gradient. Computing the loss through autograd instead needs the logits in backward:
+kept, they are the largest activation of a small Gemma (262,144 per supervised token); recomputed
+(checkpointing), they cost a third n x V x H multiply per token on top of these two.
+
+Chat-marker rows trained with PEFT's trainable tokens (see template_tokens.py) are handled here too:
+their logits come from the trained rows, and their gradient goes back to those rows.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from peft.tuners.trainable_tokens.layer import TrainableTokensLayer
+from peft.utils.other import TrainableTokensWrapper
+
+
+class LinearCrossEntropy(torch.autograd.Function):
+    """Summed cross-entropy of (hidden @ weight^T, rows `index` replaced by hidden @ delta^T) against
+    targets. Gradients flow to hidden and delta; weight must be frozen."""
+
+    @staticmethod
+    def forward(ctx: Any, hidden: torch.Tensor, targets: torch.Tensor, weight: torch.Tensor,
+                delta: torch.Tensor | None, index: torch.Tensor | None, softcap: float | None,
+                chunk_size: int) -> torch.Tensor:
+        needs_grad = ctx.needs_input_grad[0] or ctx.needs_input_grad[3]
+        grad_hidden = torch.zeros_like(hidden) if needs_grad else None
+        trained = delta.to(weight.dtype) if delta is not None else None  # (K, H)
+        correction = trained - weight[index] if trained is not None else None  # trained rows minus the frozen ones
+        grad_delta = torch.zeros_like(delta, dtype=torch.float32) if delta is not None and needs_grad else None
+        loss = torch.zeros((), dtype=torch.float32, device=hidden.device)
+        for start in range(0, hidden.shape[0], chunk_size):
+            h, t = hidden[start:start + chunk_size], targets[start:start + chunk_size]  # (n, H), (n,)
+            logits = (h @ weight.T).float()  # (n, V)
+            if trained is not None:
+                logits[:, index] = (h @ trained.T).float()
+            capped = None
+            if softcap:
+                capped = logits.div_(softcap).tanh_()
+                logits = capped * softcap
+            target_logits = logits.gather(1, t[:, None]).squeeze(1)  # (n,)
+            top = logits.amax(dim=-1, keepdim=True)  # (n, 1)
+            probs = logits.sub_(top).exp_()  # unnormalised softmax, in place: no second n x V buffer
+            total = probs.sum(dim=-1)  # (n,)
+            loss += (top.squeeze(1) + total.log() - target_logits).sum()  # logsumexp - target logit
+            if not needs_grad:
+                continue
+            dlogits = probs.div_(total[:, None])
+            dlogits[torch.arange(len(t), device=t.device), t] -= 1
+            if capped is not None:
+                dlogits.mul_(1 - capped.square_())
+            dlogits = dlogits.to(weight.dtype)
+            grad_hidden[start:start + chunk_size] = dlogits @ weight
+            if trained is not None:
+                d_trained = dlogits[:, index]  # (n, K)
+                grad_hidden[start:start + chunk_size] += d_trained @ correction
+                grad_delta += (d_trained.T @ h).float()
+        ctx.save_for_backward(grad_hidden, grad_delta)
+        ctx.delta_dtype = delta.dtype if delta is not None else None
+        return loss
+
+    @staticmethod
+    def backward(ctx: Any, grad_loss: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        grad_hidden, grad_delta = ctx.saved_tensors
+        d_hidden = grad_hidden * grad_loss.to(grad_hidden.dtype) if ctx.needs_input_grad[0] else None
+        d_delta = (grad_delta * grad_loss).to(ctx.delta_dtype) if ctx.needs_input_grad[3] else None
+        return d_hidden, None, None, d_delta, None, None, None
+
+
+def fusable_output_layer(layer: Any) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None] | None:
+    """(frozen weight, trained rows, their token ids) when `layer` is a bias-free linear output layer whose
+    weight is frozen, optionally with one active set of PEFT trainable tokens; None for anything else (a
+    trained full output layer, a bias, merged or several adapters), which takes the autograd path."""
+    delta = index = None
+    if isinstance(layer, TrainableTokensWrapper):  # how a PEFT model holds the layer
+        layer = layer.token_adapter if layer.active_adapters else layer.original_module
+    if isinstance(layer, TrainableTokensLayer):
+        adapters = [name for name in layer.active_adapters if name in layer.trainable_tokens_delta]
+        if layer.disable_adapters or layer.merged or len(adapters) > 1:
+            return None
+        if adapters:
+            delta = layer.trainable_tokens_delta[adapters[0]]
+            index = torch.tensor(layer.token_indices[adapters[0]], device=delta.device)
+        layer = layer.base_layer
+    if type(layer) is not torch.nn.Linear or layer.bias is not None or layer.weight.requires_grad:
+        return None
+    return layer.weight, delta, index
+
+
+def linear_cross_entropy(hidden: torch.Tensor, targets: torch.Tensor, output_layer: Any, softcap: float | None,
+                         chunk_size: int) -> torch.Tensor | None:
+    """Summed cross-entropy through `output_layer`, fused (see the module docstring); None when the layer
+    cannot be fused."""
+    parts = fusable_output_layer(output_layer)
+    if parts is None:
+        return None
+    weight, delta, index = parts
+    return LinearCrossEntropy.apply(hidden, targets, weight, delta, index, softcap, chunk_size)

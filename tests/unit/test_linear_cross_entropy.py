@@ -1,0 +1,64 @@
+import pytest
+import torch
+from peft.tuners.trainable_tokens.layer import TrainableTokensLayer
+
+from gemmaforge.train.linear_cross_entropy import fusable_output_layer, linear_cross_entropy
+from gemmaforge.train.loss import chunked_cross_entropy
+
+VOCAB, HIDDEN = 300, 16
+
+
+def output_layer(trained_tokens: bool) -> torch.nn.Module:
+    torch.manual_seed(0)
+    linear = torch.nn.Linear(HIDDEN, VOCAB, bias=False)
+    linear.weight.requires_grad_(False)
+    if not trained_tokens:
+        return linear
+    layer = TrainableTokensLayer(linear, adapter_name="default", token_indices=[7, 250])
+    layer.update_layer("default", token_indices=[7, 250])
+    with torch.no_grad():
+        layer.trainable_tokens_delta["default"].add_(torch.randn(2, HIDDEN))  # differ from the frozen rows
+    return layer
+
+
+@pytest.mark.parametrize("trained_tokens", [False, True])
+@pytest.mark.parametrize("softcap", [None, 3.0])
+@pytest.mark.parametrize("chunk_size", [5, 64])
+def test_fused_loss_and_gradients_equal_autograd(trained_tokens: bool, softcap: float | None, chunk_size: int) -> None:
+    layer = output_layer(trained_tokens)
+    hidden = torch.randn(23, HIDDEN)
+    targets = torch.randint(0, VOCAB, (23,))
+    targets[:3] = torch.tensor([7, 250, 7])  # trained rows as targets too
+    results = []
+    for fused in (False, True):
+        h = hidden.clone().requires_grad_(True)
+        layer.zero_grad()
+        compute = linear_cross_entropy if fused else chunked_cross_entropy
+        loss = compute(h, targets, layer, softcap, chunk_size)
+        (loss * 0.37).backward()  # a scaled upstream gradient, as with accumulation
+        trained = [p.grad.clone() for p in layer.parameters() if p.requires_grad]
+        results.append((loss.detach(), h.grad.clone(), trained))
+    (loss_ref, dh_ref, dp_ref), (loss_ours, dh_ours, dp_ours) = results
+    torch.testing.assert_close(loss_ours, loss_ref, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(dh_ours, dh_ref, rtol=1e-4, atol=1e-6)
+    assert len(dp_ours) == len(dp_ref) == (1 if trained_tokens else 0)
+    for ours, ref in zip(dp_ours, dp_ref):
+        torch.testing.assert_close(ours, ref, rtol=1e-4, atol=1e-6)
+
+
+def test_without_grad_only_the_loss_is_computed() -> None:
+    layer = output_layer(trained_tokens=True)
+    hidden, targets = torch.randn(9, HIDDEN), torch.randint(0, VOCAB, (9,))
+    with torch.no_grad():
+        fused = linear_cross_entropy(hidden, targets, layer, None, 4)
+        reference = chunked_cross_entropy(hidden, targets, layer, None, 4)
+    torch.testing.assert_close(fused, reference, rtol=1e-5, atol=1e-5)
+
+
+def test_a_trained_output_layer_is_left_to_autograd() -> None:
+    trained = torch.nn.Linear(HIDDEN, VOCAB, bias=False)  # weight requires grad (modules_to_save)
+    with_bias = torch.nn.Linear(HIDDEN, VOCAB)
+    with_bias.requires_grad_(False)
+    assert fusable_output_layer(trained) is None
+    assert fusable_output_layer(with_bias) is None
+    assert linear_cross_entropy(torch.randn(2, HIDDEN), torch.tensor([1, 2]), trained, None, 4) is None
