@@ -15,6 +15,7 @@ from gemmaforge.families import Family
 from gemmaforge.models import ResolvedModel, load_causal_lm, load_tokenizer
 from gemmaforge.runs import RunDir, atomic_dir
 from gemmaforge.templates import IGNORE_INDEX, hf_chat_template
+from gemmaforge.train import packed_attention
 from gemmaforge.train.allocator import serve_large_blocks_with_mmap
 from gemmaforge.train.callbacks import MetricsCallback
 from gemmaforge.train.checkpoints import CompleteMarker, keep_metrics_until, last_complete_checkpoint
@@ -41,6 +42,8 @@ def build_peft_model(config: RunConfig, base: ResolvedModel, tokenizer: Any, pre
     set_seed(config.train.seed)  # the LoRA initialisation draws from the global RNG: same config, same run
     dtype = torch.bfloat16 if precision == "bf16" else torch.float32
     model = load_causal_lm(base.path, base.family, dtype, load_in_4bit=config.model.load_in_4bit)
+    if config.train.packing and base.family.attn_implementation == "sdpa":
+        model.set_attn_implementation(packed_attention.register())  # each packed example attends alone
     if config.model.load_in_4bit:
         model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=config.train.gradient_checkpointing)
     lora = config.lora

@@ -61,3 +61,39 @@ def test_chunked_cross_entropy_equals_plain_in_value_and_gradient() -> None:
     grads_chunked = torch.autograd.grad(chunked, [hidden, head.weight])
     assert torch.allclose(plain, chunked, atol=1e-4)
     assert all(torch.allclose(a, b, atol=1e-5) for a, b in zip(grads_plain, grads_chunked))
+
+
+@pytest.mark.parametrize("sliding_window", [64, 8])  # 8: the window cuts into the longer examples
+def test_per_example_attention_equals_the_masked_row(tiny_gemma3_dir, sliding_window: int) -> None:
+    """gemmaforge_packed (each example through SDPA alone) gives the block-diagonal SDPA's loss and gradients."""
+    from transformers import AutoModelForCausalLM
+
+    from gemmaforge.train import packed_attention
+
+    examples = [example(n, 4, i) for i, n in enumerate([21, 9, 14, 6, 30])]
+    packed = PackedCollator(0)(pack_examples(examples, cutoff_len=32))
+    packed.pop("examples")
+    results = []
+    for implementation in ("sdpa", packed_attention.register()):
+        model = AutoModelForCausalLM.from_pretrained(tiny_gemma3_dir, dtype=torch.float32, sliding_window=sliding_window,
+                                                     attn_implementation=implementation)
+        loss = supervised_loss(model, packed, None)
+        loss.backward()
+        results.append((loss.detach(), model.model.layers[0].self_attn.q_proj.weight.grad.clone()))
+    (loss_ref, grad_ref), (loss_ours, grad_ours) = results
+    torch.testing.assert_close(loss_ours, loss_ref, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(grad_ours, grad_ref, rtol=1e-4, atol=1e-6)
+
+
+def test_per_example_attention_keeps_the_padding_mask_of_unpacked_batches(tiny_gemma3_dir) -> None:
+    from transformers import AutoModelForCausalLM
+
+    from gemmaforge.train import packed_attention
+
+    padded = RightPadCollator(0)([example(n, 4, i) for i, n in enumerate([21, 9, 14])])
+    losses = []
+    for implementation in ("sdpa", packed_attention.register()):
+        model = AutoModelForCausalLM.from_pretrained(tiny_gemma3_dir, dtype=torch.float32, attn_implementation=implementation)
+        with torch.no_grad():
+            losses.append(supervised_loss(model, padded, None))
+    torch.testing.assert_close(losses[1], losses[0], rtol=1e-5, atol=1e-6)
