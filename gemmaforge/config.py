@@ -124,7 +124,7 @@ class TrainConfig(Section):
         True, description="pack examples into rows of cutoff_len tokens; attention never crosses examples"
     )
     logits_chunk_size: int = Field(
-        256, ge=16, description="supervised positions per output-layer chunk: full-vocabulary logits never "
+        128, ge=16, description="supervised positions per output-layer chunk: full-vocabulary logits never "
         "exist for more than this many tokens at once"
     )
     logging_steps: int = Field(5, ge=1)

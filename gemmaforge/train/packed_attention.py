@@ -41,21 +41,27 @@ def packed_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: 
     if position_ids is None or position_ids.shape[0] != query.shape[0] or query.shape[2] != key.shape[2]:
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                       sliding_window=sliding_window, **kwargs)
-    batch, heads, length, head_dim = query.shape
-    out = query.new_empty(batch, length, heads, head_dim)
-    for b in range(batch):
-        for start, end in segment_bounds(position_ids[b]):
-            span = slice(start, end)
-            band = None
-            if sliding_window and end - start > sliding_window:  # the window cuts into this example
-                i = torch.arange(end - start, device=query.device)
-                distance = i[:, None] - i[None, :]
-                band = (distance >= 0) & (distance < sliding_window)  # (n, n) True = attend
-            out[b, span] = sdpa_attention_forward(
-                module, query[b:b + 1, :, span], key[b:b + 1, :, span], value[b:b + 1, :, span], band,
-                dropout=dropout, scaling=scaling, is_causal=band is None,
-            )[0][0]
-    return out, None
+    rows = []
+    # unbind/split/cat rather than indexing: their backward is one stack/cat, where each index's backward
+    # would allocate a zero gradient of the whole tensor
+    for q, k, v, positions in zip(query.unbind(0), key.unbind(0), value.unbind(0), position_ids):
+        lengths = [end - start for start, end in segment_bounds(positions)]
+        spans = zip(q.split(lengths, dim=1), k.split(lengths, dim=1), v.split(lengths, dim=1))  # (H, n, D) each
+        rows.append(torch.cat([segment_attention(module, *span, dropout, scaling, sliding_window) for span in spans], dim=1))
+    return torch.cat(rows), None
+
+
+def segment_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                      dropout: float, scaling: float | None, sliding_window: int | None) -> torch.Tensor:
+    """One example's causal attention: (H, n, D) each -> (1, n, H, D)."""
+    n = query.shape[1]
+    band = None
+    if sliding_window and n > sliding_window:  # the window cuts into this example
+        i = torch.arange(n, device=query.device)
+        distance = i[:, None] - i[None, :]
+        band = (distance >= 0) & (distance < sliding_window)  # (n, n), True = attend
+    return sdpa_attention_forward(module, query[None], key[None], value[None], band, dropout=dropout, scaling=scaling,
+                                  is_causal=band is None)[0]
 
 
 def register() -> str:

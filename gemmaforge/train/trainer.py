@@ -16,10 +16,11 @@ from gemmaforge.models import ResolvedModel, load_causal_lm, load_tokenizer
 from gemmaforge.runs import RunDir, atomic_dir
 from gemmaforge.templates import IGNORE_INDEX, hf_chat_template
 from gemmaforge.train import packed_attention
-from gemmaforge.train.allocator import serve_large_blocks_with_mmap
 from gemmaforge.train.callbacks import MetricsCallback
 from gemmaforge.train.checkpoints import CompleteMarker, keep_metrics_until, last_complete_checkpoint
 from gemmaforge.train.collate import RightPadCollator, tokenize_conversations
+from gemmaforge.train.dropout import use_byte_mask_dropout
+from gemmaforge.train.geglu import use_recomputed_gelu
 from gemmaforge.train.loss import NonFiniteLoss, SupervisedLossTrainer, install_supervised_forward, peak_memory_bytes
 from gemmaforge.train.packing import PackedCollator, pack_examples
 from gemmaforge.train.preflight import preflight
@@ -63,6 +64,8 @@ def build_peft_model(config: RunConfig, base: ResolvedModel, tokenizer: Any, pre
         ),
     )
     use_sparse_template_tokens(model)
+    use_byte_mask_dropout(model)
+    use_recomputed_gelu(model)
     install_supervised_forward(model, config.train.logits_chunk_size)
     return model
 
@@ -152,8 +155,6 @@ def train(run: RunDir, config: RunConfig, base: ResolvedModel) -> dict[str, Any]
     else:
         train_set, val_set, collator = train_rows, val_rows, RightPadCollator(tokenizer.pad_token_id)
 
-    if not torch.cuda.is_available():
-        serve_large_blocks_with_mmap()
     model = build_peft_model(config, base, tokenizer, precision)
     args = training_arguments(config, run, precision, has_val=bool(val_rows))
     resume = last_complete_checkpoint(run.checkpoints_dir, delete_incomplete=is_main_process())
