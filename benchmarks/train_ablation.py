@@ -41,8 +41,6 @@ MICRO_BATCH = 4
 
 def child(variant: str, work: Path, n_examples: int) -> dict[str, Any]:
     """Measure one variant in this process."""
-    import torch
-
     from gemmaforge.config import validate_config
     from gemmaforge.data.prepare import read_prepared
     from gemmaforge.models import default_home, load_tokenizer, resolve_model
