@@ -103,7 +103,7 @@ class SupervisedLossTrainer(Trainer):
         self.model_accepts_loss_kwargs = True  # makes the Trainer count num_items_in_batch
         self.loss_is_scaled_for_ga = True
         self.supervised_tokens = 0  # since the last log
-        self.examples_seen = 0
+        self.examples_trained = self.supervised_trained = 0  # by this process's loop
         self.last_log_time = time.perf_counter()
 
     def compute_loss(self, model: Any, inputs: dict[str, torch.Tensor], return_outputs: bool = False,
@@ -113,8 +113,10 @@ class SupervisedLossTrainer(Trainer):
 
     def training_step(self, model: Any, inputs: dict[str, Any], num_items_in_batch: Any = None) -> torch.Tensor:
         labels = inputs["labels"]
-        self.supervised_tokens += int((labels[:, 1:] != IGNORE_INDEX).sum())
-        self.examples_seen += int(inputs.pop("examples").sum()) if "examples" in inputs else labels.shape[0]
+        supervised = int((labels[:, 1:] != IGNORE_INDEX).sum())
+        self.supervised_tokens += supervised
+        self.supervised_trained += supervised
+        self.examples_trained += int(inputs.pop("examples").sum()) if "examples" in inputs else labels.shape[0]
         loss = super().training_step(model, inputs, num_items_in_batch)
         value = float(loss)  # one host sync per step: cheap next to a step, and garbage never trains on
         if not math.isfinite(value):

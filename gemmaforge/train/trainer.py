@@ -14,7 +14,7 @@ from gemmaforge.errors import StageError, UserError
 from gemmaforge.families import Family
 from gemmaforge.models import ResolvedModel, load_causal_lm, load_tokenizer
 from gemmaforge.runs import RunDir, atomic_dir
-from gemmaforge.templates import IGNORE_INDEX, hf_chat_template
+from gemmaforge.templates import hf_chat_template
 from gemmaforge.train import packed_attention
 from gemmaforge.train.callbacks import MetricsCallback
 from gemmaforge.train.checkpoints import CompleteMarker, keep_metrics_until, last_complete_checkpoint
@@ -194,8 +194,8 @@ def train(run: RunDir, config: RunConfig, base: ResolvedModel) -> dict[str, Any]
         with atomic_dir(run.adapter_dir) as tmp:
             model.save_pretrained(tmp)
             tokenizer.save_pretrained(tmp)
-    epochs = result.metrics.get("epoch", config.train.num_train_epochs)
-    supervised = sum(sum(label != IGNORE_INDEX for label in ex["labels"][1:]) for ex in train_rows)
+    # what this process's loop trained (a resumed run trained only the steps after its checkpoint), all ranks
+    examples, supervised = (sum(counts) for counts in zip(*gather((trainer.examples_trained, trainer.supervised_trained))))
     return {
         "device": "cuda" if torch.cuda.is_available() else "cpu",
         "precision": precision,
@@ -208,8 +208,8 @@ def train(run: RunDir, config: RunConfig, base: ResolvedModel) -> dict[str, Any]
         "train_loss": round(result.training_loss, 4),
         "eval_loss": round(final_eval["eval_loss"], 4) if "eval_loss" in final_eval else None,
         "train_runtime_s": round(runtime, 2),  # the training loop; the stage's runtime_s includes loading
-        "samples_per_second": round(len(train_rows) * epochs / runtime, 3),
-        "supervised_tokens_per_second": round(supervised * epochs / runtime, 1),
+        "samples_per_second": round(examples / runtime, 3),
+        "supervised_tokens_per_second": round(supervised / runtime, 1),
         "peak_memory_bytes": peak_memory_bytes(),
         "lora_targets": lora_targets(config, base),
         "world_size": len(checksums),

@@ -53,6 +53,9 @@ def test_sigkill_then_same_command_resumes_from_the_last_complete_checkpoint(tmp
     assert main(["train", str(config)]) == 0
     record = manifest_train(tmp_path / "b" / "run")
     assert record["steps"] == 6 and record["resumed_from_step"] in (2, 4)
+    full = manifest_train(tmp_path / "a" / "run")
+    trained = {run["resumed_from_step"]: run["samples_per_second"] * run["train_runtime_s"] for run in (full, record)}
+    assert 0 < trained[record["resumed_from_step"]] < 0.9 * trained[None]  # speed counts what this run trained
     assert not half_written.exists()
     rows = map(json.loads, (tmp_path / "b" / "run" / "metrics.jsonl").read_text().splitlines())
     assert [row["step"] for row in rows if "loss" in row] == [1, 2, 3, 4, 5, 6]  # none lost, none twice
