@@ -22,7 +22,7 @@ Each contender trains in its own process (peak RSS is that process's). Reported 
 * supervised tokens/s: samples/s x the mean number of tokens that carry loss in gemmaforge's definition
   (answer + <end_of_turn>, `encode_for_training`) per train example, the same divisor for everyone;
 * MFU: 6 x parameters x tokens pushed through the model per second (padding included) / this machine's
-  measured fp32 matmul rate (best of 8 multiplies of 2048 x 2048). It is the usual 6N approximation, which
+  measured matmul rate in the contender's precision (fp32 or bf16; best of 8 multiplies of 2048 x 2048). It is the usual 6N approximation, which
   over-credits LoRA (frozen weights get no weight gradient: closer to 4N) and gemmaforge (its 262k-row output
   layer runs only at supervised positions), so values near or above 100% mean "as fast as this CPU's matmul
   rate allows", not an error;
@@ -329,12 +329,13 @@ def read_gemmaforge(run: Path, logfile: Path, overrides: list[str], split: dict[
 # ---------------------------------------------------------------------------- parent: measurements
 
 
-def matmul_flops(size: int = 2048, repeats: int = 8) -> float:
-    """This machine's fp32 matmul rate (FLOP/s, the best of `repeats` multiplies: the peak, least disturbed by
-    other load on a shared machine) with torch's default threads."""
+def matmul_flops(dtype_name: str = "fp32", size: int = 2048, repeats: int = 8) -> float:
+    """This machine's matmul rate in fp32 or bf16 (FLOP/s, the best of `repeats` multiplies: the peak, least
+    disturbed by other load on a shared machine) with torch's default threads."""
     import torch
 
-    a, b = torch.randn(size, size), torch.randn(size, size)
+    dtype = torch.bfloat16 if dtype_name == "bf16" else torch.float32
+    a, b = torch.randn(size, size, dtype=dtype), torch.randn(size, size, dtype=dtype)
     torch.matmul(a, b)  # warm-up
     rates = []
     for _ in range(repeats):
@@ -502,8 +503,9 @@ def run_benchmark(args: argparse.Namespace, setup: Setup) -> dict[str, Any]:
     train_rows = encode_split(read_split(work, "train"), tokenizer, base)
     val_rows = encode_split(read_split(work, "val"), tokenizer, base)
     mean_supervised = statistics.mean(supervised_count(r) for r in train_rows)
-    flops = matmul_flops()
-    log(f"fp32 matmul rate: {flops / 1e9:.1f} GFLOP/s; {len(train_rows)} train / {len(val_rows)} val examples")
+    flops = {name: matmul_flops(name) for name in ("fp32", "bf16")}
+    log(f"matmul rate: fp32 {flops['fp32'] / 1e9:.1f} GFLOP/s, bf16 {flops['bf16'] / 1e9:.1f} GFLOP/s; "
+        f"{len(train_rows)} train / {len(val_rows)} val examples")
 
     raw: dict[str, dict[str, Any]] = {}
     for name in args.names:
@@ -525,11 +527,12 @@ def run_benchmark(args: argparse.Namespace, setup: Setup) -> dict[str, Any]:
             per_example = gemmaforge_tokens_per_example(train_rows, result["packing"], setup.batch_size)
         else:
             per_example = result["tokens_processed"] / result["examples"]
-        results[name] = {**result, **derive(result, mean_supervised, per_example, n_params, flops),
+        rate = flops["bf16" if result["precision"].startswith("bf16") else "fp32"]  # MFU against its own arithmetic
+        results[name] = {**result, **derive(result, mean_supervised, per_example, n_params, rate),
                          "eval_loss": round(loss, 4), "parameters": n_params}
     return {
         "machine": {"platform": platform.platform(), "processor": platform.processor(),
-                    "fp32_matmul_gflops": round(flops / 1e9, 1)},
+                    **{f"{name}_matmul_gflops": round(rate / 1e9, 1) for name, rate in flops.items()}},
         "setup": {**asdict(setup), "model": MODEL, "data": str(data), "lora": {**LORA, "target_modules": TARGETS},
                   "examples_per_step": setup.batch_size * setup.grad_accum},
         "data": {"train": len(train_rows), "val": len(val_rows), "mean_supervised_tokens": round(mean_supervised, 1),

@@ -139,7 +139,8 @@ def test_tiny_gemma4_learns_with_gradient_checkpointing() -> None:
     falls, and checkpointing changes nothing but memory."""
     with_checkpointing, without = gemma4_losses(True), gemma4_losses(False)
     assert abs(with_checkpointing[0] - torch.log(torch.tensor(512.0)).item()) < 0.2
-    assert with_checkpointing[-1] < with_checkpointing[0] - 0.3, with_checkpointing  # broken: 10-16
+    # learning: -0.28 over 30 steps on an AVX512 host, -0.3 on an AVX2 one; broken: 10-16
+    assert with_checkpointing[-1] < with_checkpointing[0] - 0.2, with_checkpointing
     assert with_checkpointing == pytest.approx(without, rel=1e-4)
 
 
