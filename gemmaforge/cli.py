@@ -28,8 +28,9 @@ from gemmaforge.models import default_home
 from gemmaforge.runs import RunDir
 
 EPILOG = """examples:
-  gemmaforge run examples/quickstart.yaml                  # data -> train -> merge -> GGUF -> Modelfile
+  gemmaforge run examples/quickstart.yaml                  # data -> train -> eval -> merge -> GGUF -> Modelfile
   gemmaforge run my.yaml train.learning_rate=1e-4          # any config key can be overridden
+  gemmaforge eval runs/quickstart --suite suite.yaml        # base vs tuned: checks, BLEU/ROUGE-L, retention
   gemmaforge merge runs/quickstart                         # a stage alone, on an existing run dir
   gemmaforge export gguf runs/quickstart --quant f16
   gemmaforge export ollama runs/quickstart --create
@@ -54,13 +55,15 @@ def build_parser() -> argparse.ArgumentParser:
 
     def config_verb(name: str, help_text: str) -> None:
         p = verbs.add_parser(name, help=help_text, description=help_text)
-        p.add_argument("config", type=Path, help="YAML config (sections: output_dir, model, data, lora, train, export)")
+        p.add_argument("config", type=Path, help="YAML config (sections: output_dir, model, data, lora, train, eval, export)")
         p.add_argument("overrides", nargs="*", metavar="key.sub=value", help="override config keys, e.g. train.max_steps=10")
 
-    config_verb("run", "Run the whole pipeline: data, train, merge, export gguf, export ollama.")
+    config_verb("run", "Run the whole pipeline: data, train, eval, merge, export gguf, export ollama.")
     config_verb("train", "Prepare the data and train the LoRA adapter (resumes from the run's last checkpoint).")
 
     add_data_verbs(verbs)
+
+    add_eval_verb(verbs)
 
     p = verbs.add_parser("merge", help="Merge the run's adapter into the base model (RUN_DIR/merged).")
     p.add_argument("run_dir", type=Path)
@@ -74,6 +77,38 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("run_dir", type=Path)
     p.add_argument("--create", action="store_true", help="also run `ollama create NAME -f Modelfile`")
     return parser
+
+
+EVAL_EPILOG = """suite file (YAML, or JSONL with one case per line):
+  cases:
+    - prompt: "手冲咖啡的水温应该是多少？"
+      system: "你是咖啡师。"            # optional (default: the system prompt the model is deployed with)
+      reference: "90到96摄氏度。"        # optional: scored by BLEU and ROUGE-L
+      checks: [{starts_with: "咖啡师小贴士"}, {contains: "摄氏度"}, {max_chars: 200}]
+checks: starts_with, ends_with, contains, not_contains, regex, json_valid, max_chars, min_chars
+
+writes RUN_DIR/eval/results.json, report.md and report.html (base vs tuned).
+
+examples:
+  gemmaforge eval runs/quickstart
+  gemmaforge eval runs/quickstart --suite examples/suites/coffee.yaml --fail-under 0.8
+  gemmaforge eval runs/quickstart --engine llamacpp max_new_tokens=64   # the exported GGUF itself
+"""
+
+
+def add_eval_verb(verbs: argparse._SubParsersAction) -> None:
+    p = verbs.add_parser(
+        "eval", help="Evaluate base vs tuned: loss, a generation suite with checks, BLEU/ROUGE-L, retention.",
+        description="Evaluate the run's base and tuned models on the same val loss, generation suite (checks, "
+        "BLEU/ROUGE-L against references) and knowledge-retention probes.",
+        epilog=EVAL_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("run_dir", type=Path)
+    p.add_argument("--suite", help="YAML or JSONL suite (default: a sample of the run's val prompts)")
+    p.add_argument("--engine", choices=["transformers", "llamacpp"], help="llamacpp: the tuned answers come from the exported GGUF")
+    p.add_argument("--fail-under", type=float, metavar="X", help="exit 1 when the tuned suite pass rate is below X (0-1)")
+    p.add_argument("overrides", nargs="*", metavar="key=value",
+                   help="eval config keys, e.g. max_new_tokens=64 num_samples=32 do_sample=true retention=false")
 
 
 DATA_EPILOG = """formats: alpaca (instruction/input/output, optional system, history), sharegpt (conversations of
@@ -178,7 +213,9 @@ def dispatch(args: argparse.Namespace) -> None:
         run = RunDir.open(args.run_dir)
         config: RunConfig = run.config()
         base = pipeline.base_model(run, config, home)
-        if args.verb == "merge":
+        if args.verb == "eval":
+            pipeline.stage_eval(run, eval_config_from(config, args), base)
+        elif args.verb == "merge":
             pipeline.stage_merge(run, base)
         elif args.target == "gguf":
             pipeline.stage_export_gguf(run, config, base, args.quant or list(config.export.gguf))
@@ -219,6 +256,17 @@ def run_data_action(args: argparse.Namespace, home: Path) -> None:
         source.path, tokenizer, family, schema=source.schema, system=data.system, cutoff_len=args.cutoff_len,
         train_on_prompt=args.train_on_prompt, mask_history=args.mask_history, limit=args.n, as_json=args.json,
     )
+
+
+def eval_config_from(config: RunConfig, args: argparse.Namespace) -> RunConfig:
+    """The run's config with the eval section changed by the command line (errors name the key)."""
+    raw = config.model_dump(mode="json")
+    for item in args.overrides:
+        apply_override(raw, f"eval.{item}")
+    for key in ("suite", "engine", "fail_under"):
+        if getattr(args, key) is not None:
+            raw["eval"][key] = getattr(args, key)
+    return validate_config(raw, source="command line")
 
 
 def data_config_from(raw: dict[str, object], overrides: list[str]) -> DataConfig:

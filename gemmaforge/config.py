@@ -167,6 +167,35 @@ class OllamaConfig(Section):
     num_ctx: int = Field(4096, ge=1)
 
 
+class EvalConfig(Section):
+    """`gemmaforge eval` and the eval stage of `gemmaforge run`: base vs tuned on loss, a generation
+    suite, and knowledge retention."""
+
+    enabled: bool = Field(True, description="`gemmaforge run` evaluates after training; false skips it")
+    suite: str | None = Field(None, description="YAML or JSONL suite of cases; default: a sample of val prompts")
+    num_samples: int = Field(16, ge=1, description="val prompts in the default suite")
+    engine: Literal["transformers", "llamacpp"] = Field(
+        "transformers", description="llamacpp: the tuned answers come from the exported GGUF itself"
+    )
+    gguf: str | None = Field(None, description="with engine llamacpp: which gguf/model-<quant>.gguf (default: the first exported)")
+    max_new_tokens: int = Field(192, ge=1)
+    batch_size: int = Field(32, ge=1, description="prompts generated together (left-padded, with KV cache)")
+    do_sample: bool = Field(False, description="false: greedy; true: seeded sampling with temperature/top_p")
+    temperature: float = Field(0.7, gt=0)
+    top_p: float = Field(0.95, gt=0, le=1)
+    seed: int = 42
+    retention: bool = Field(True, description="the shipped general-knowledge probes and general-text perplexity")
+    retention_tolerance: float = Field(
+        0.1, ge=0, le=1, description="flag a regression when tuned probe accuracy is this much below base's"
+    )
+    perplexity_tolerance: float = Field(
+        0.25, ge=0, description="flag a regression when tuned general-text perplexity exceeds base's by this fraction"
+    )
+    fail_under: float | None = Field(
+        None, ge=0, le=1, description="exit 1 when the tuned suite pass rate is below this (for CI)"
+    )
+
+
 GGUF_QUANTS = ("f32", "f16", "bf16", "q8_0")
 GgufQuant = Literal["f32", "f16", "bf16", "q8_0"]
 
@@ -182,6 +211,7 @@ class RunConfig(Section):
     data: DataConfig
     lora: LoraSection = Field(default_factory=LoraSection)
     train: TrainConfig = Field(default_factory=TrainConfig)
+    eval: EvalConfig = Field(default_factory=EvalConfig)
     export: ExportConfig = Field(default_factory=ExportConfig)
 
 
@@ -189,16 +219,16 @@ class RunConfig(Section):
 
 
 def load_config(path: Path, overrides: list[str] | tuple[str, ...] = ()) -> RunConfig:
-    """Read a YAML config, apply `key.sub=value` overrides, validate. Paths in `data` stay as written
+    """Read a YAML config, apply `key.sub=value` overrides, validate. Data and suite paths stay as written
     but are resolved against the config file's folder when relative and not found from the cwd."""
     raw = _read_yaml(path)
     for item in overrides:
         apply_override(raw, item)
     config = validate_config(raw, source=str(path))
-    for key in ("path", "eval_path"):
-        value = getattr(config.data, key)
+    for section, key in ((config.data, "path"), (config.data, "eval_path"), (config.eval, "suite")):
+        value = getattr(section, key)
         if value and not Path(value).is_absolute() and not Path(value).exists() and (path.parent / value).exists():
-            setattr(config.data, key, str(path.parent / value))
+            setattr(section, key, str(path.parent / value))
     return config
 
 

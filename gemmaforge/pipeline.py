@@ -10,6 +10,7 @@ from pathlib import Path
 from gemmaforge.config import RunConfig
 from gemmaforge.console import console
 from gemmaforge.distributed import barrier, is_main_process
+from gemmaforge.errors import StageError
 from gemmaforge.models import ResolvedModel, resolve_model
 from gemmaforge.runs import RunDir
 
@@ -47,6 +48,33 @@ def stage_train(run: RunDir, config: RunConfig, base: ResolvedModel) -> None:
     with run.stage("train") as record:
         record.update(train(run, config, base))
     console.print(f"[bold]train[/]: adapter -> {run.adapter_dir}, curve -> {run.loss_plot_path}")
+
+
+def stage_eval(run: RunDir, config: RunConfig, base: ResolvedModel) -> None:
+    """Base vs tuned into RUN_DIR/eval; with eval.fail_under, a failure when the tuned pass rate is below it."""
+    from gemmaforge.evaluate.evaluation import evaluate
+    from gemmaforge.evaluate.report import write_report
+
+    if not is_main_process():
+        return
+    with run.stage("eval") as record:
+        results = evaluate(run, config, base)
+        eval_dir = write_report(run, results)
+        record.update({side: {k: results[side][k] for k in EVAL_MANIFEST_KEYS} for side in ("base", "tuned")})
+        record["regressions"] = results["regressions"]
+    tuned = results["tuned"]
+    console.print(
+        f"[bold]eval[/]: suite pass rate base {results['base']['suite_pass_rate']} -> tuned {tuned['suite_pass_rate']}, "
+        f"eval loss {results['base']['eval_loss']} -> {tuned['eval_loss']}; report -> {eval_dir / 'report.md'}"
+    )
+    for line in results["regressions"]:
+        console.print(f"[yellow]eval: regression[/]: {line}")
+    threshold = config.eval.fail_under
+    if threshold is not None and tuned["suite_pass_rate"] < threshold:
+        raise StageError(f"tuned suite pass rate {tuned['suite_pass_rate']} is below eval.fail_under={threshold}")
+
+
+EVAL_MANIFEST_KEYS = ("eval_loss", "perplexity", "suite_pass_rate", "bleu", "rouge_l", "retention_accuracy")
 
 
 def stage_merge(run: RunDir, base: ResolvedModel) -> None:
@@ -91,7 +119,12 @@ def run_all(config: RunConfig, home: Path) -> RunDir:
     base = base_model(run, config, home)
     stage_data(run, config, base)
     stage_train(run, config, base)
+    evaluate_gguf = config.eval.enabled and config.eval.engine == "llamacpp"
+    if config.eval.enabled and not evaluate_gguf:
+        stage_eval(run, config, base)
     stage_merge(run, base)
     stage_export_gguf(run, config, base, list(config.export.gguf))
+    if evaluate_gguf:  # the deployed file itself: after its export
+        stage_eval(run, config, base)
     stage_export_ollama(run, config, base)
     return run

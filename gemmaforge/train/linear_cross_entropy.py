@@ -98,8 +98,8 @@ def fusable_output_layer(layer: Any) -> tuple[torch.Tensor, torch.Tensor | None,
 def linear_cross_entropy(hidden: torch.Tensor, targets: torch.Tensor, output_layer: Any, softcap: float | None,
                          chunk_size: int) -> torch.Tensor | None:
     """Summed cross-entropy through `output_layer`, fused (see the module docstring); None when the layer
-    cannot be fused."""
-    parts = fusable_output_layer(output_layer)
+    cannot be fused or no gradient is wanted (the caller's plain chunked loss is then cheaper)."""
+    parts = fusable_output_layer(output_layer) if torch.is_grad_enabled() else None  # evaluation: nothing to fuse
     if parts is None:
         return None
     weight, delta, index = parts

@@ -28,8 +28,21 @@ NEW_TOKENS = 24
 def run_dir(tmp_path_factory: pytest.TempPathFactory, embedded_model) -> Path:
     tmp = tmp_path_factory.mktemp("e2e")
     config = write_config(tmp, "gemma3-270m", max_steps=2, learning_rate=1e-3, save_steps=2)
-    assert main(["run", str(config)]) == 0
+    assert main(["run", str(config), "eval.max_new_tokens=48"]) == 0
     return tmp / "run"
+
+
+def test_eval_compares_base_and_tuned_on_the_real_model(run_dir: Path) -> None:
+    import json
+
+    results = json.loads((run_dir / "eval" / "results.json").read_text(encoding="utf-8"))
+    assert results["suite"]["source"].startswith("val sample") and len(results["cases"]) == 4
+    for side in ("base", "tuned"):
+        assert 1.0 < results[side]["perplexity"] < 1e4 and 0 <= results[side]["retention_accuracy"] <= 1
+        assert all(case[side]["answer"] for case in results["cases"])
+    # two steps of LoRA at 1e-3 already fit the val split better
+    assert results["tuned"]["eval_loss"] < results["base"]["eval_loss"]
+    assert (run_dir / "eval" / "report.md").read_text(encoding="utf-8").startswith("# Evaluation: base vs tuned")
 
 
 def greedy_transformers(model_dir: Path, prompts: list[str]) -> list[list[int]]:

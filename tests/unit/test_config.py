@@ -14,6 +14,15 @@ def test_every_example_config_loads_and_names_its_command(path: Path) -> None:
     config = load_config(path)
     assert Path(config.data.path).is_file()
     assert path.read_text(encoding="utf-8").startswith(f"# gemmaforge run examples/{path.name}")
+    if config.eval.suite:
+        assert Path(config.eval.suite).is_file()
+
+
+@pytest.mark.parametrize("path", sorted((EXAMPLES / "suites").glob("*.yaml")), ids=lambda p: p.name)
+def test_every_example_suite_loads(path: Path) -> None:
+    from gemmaforge.evaluate.suite import load_suite
+
+    assert load_suite(path)
 
 
 def write(tmp_path: Path, text: str) -> Path:

@@ -32,7 +32,7 @@ def test_run_dir_contract(tiny_run: tuple[Path, str]) -> None:
     for name in ("run.yaml", "manifest.json", "metrics.jsonl", "loss.png", "adapter/adapter_config.json",
                  "adapter/adapter_model.safetensors", "merged/model.safetensors", "merged/tokenizer.json",
                  "gguf/model-f16.gguf", "gguf/model-q8_0.gguf", "ollama/Modelfile", "data/train.jsonl",
-                 "data/val.jsonl", "data/stats.json"):
+                 "data/val.jsonl", "data/stats.json", "eval/results.json", "eval/report.md", "eval/report.html"):
         assert (run / name).is_file(), name
     assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["checkpoint-2", "checkpoint-4"]
     assert not list(run.rglob("*.tmp")), "no temporary file may survive a successful run"
@@ -46,7 +46,7 @@ def test_manifest_records_versions_base_and_stages(tiny_run: tuple[Path, str], t
     if not torch.cuda.is_available():
         assert manifest["device"] == f"cpu ({os.cpu_count()} cores)"
     stages = manifest["stages"]
-    assert list(stages) == ["data", "train", "merge", "export_gguf", "export_ollama"]
+    assert list(stages) == ["data", "train", "eval", "merge", "export_gguf", "export_ollama"]
     assert all(s["status"] == "done" and s["runtime_s"] >= 0 for s in stages.values())
     assert len(stages["data"]["train_sha256"]) == 64
     assert stages["train"]["steps"] == 4 and stages["train"]["precision"] in ("fp32", "bf16")

@@ -1,0 +1,240 @@
+"""The eval stage: the base model and the tuned model on the same loss, suite and retention probes.
+
+One model is loaded: the base with the run's adapter; the base answers with the adapter disabled. With
+the llama.cpp engine the tuned answers come from the exported GGUF itself (what Ollama will run), and
+the merged model's answers (the adapter in transformers) are kept to report how far the two agree.
+"""
+
+from __future__ import annotations
+
+import time
+from contextlib import nullcontext
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from gemmaforge.config import EvalConfig, RunConfig
+from gemmaforge.console import console
+from gemmaforge.data.prepare import read_prepared
+from gemmaforge.errors import UserError
+from gemmaforge.families import Family
+from gemmaforge.evaluate.generate import (
+    Generation,
+    Generator,
+    LlamaCppGenerator,
+    Sampling,
+    TransformersGenerator,
+    prompt_ids,
+)
+from gemmaforge.evaluate.metrics import reference_scores
+from gemmaforge.evaluate.scoring import (
+    Probe,
+    general_text_examples,
+    mean_loss,
+    perplexity,
+    probe_conversation,
+    retention_probes,
+)
+from gemmaforge.evaluate.suite import Case, load_suite, val_sample_suite
+from gemmaforge.models import ResolvedModel, load_causal_lm, load_tokenizer
+from gemmaforge.runs import RunDir
+from gemmaforge.train.template_tokens import use_sparse_template_tokens
+
+PROBE_TOKENS = 48  # probe answers are a word or a number; a short limit keeps retention cheap
+
+
+@dataclass
+class Answers:
+    suite: list[Generation]
+    probes: list[Generation]
+    seconds: float
+
+
+def evaluate(run: RunDir, config: RunConfig, base: ResolvedModel) -> dict[str, Any]:
+    """Everything results.json holds (see report.py for the files)."""
+    import torch
+    from peft import PeftModel
+
+    ec = config.eval
+    adapter = run.require(run.adapter_dir / "adapter_config.json", "train").parent
+    val = read_prepared(run.require(run.data_dir / "val.jsonl", "data"))
+    system = config.export.ollama.system or config.data.system  # what the deployed model is given
+    cases, source = suite_cases(ec, val, system)
+    if ec.fail_under is not None and not any(case.checks for case in cases):
+        raise UserError(f"eval.fail_under={ec.fail_under} needs a suite with checks; {source} has none")
+    gguf = deployed_gguf(run, ec) if ec.engine == "llamacpp" else None
+    family = base.family
+    tokenizer = load_tokenizer(adapter)
+    model = PeftModel.from_pretrained(load_causal_lm(base.path, family, torch.float32), adapter)
+    use_sparse_template_tokens(model)  # PEFT's own forward rebuilds the 262k-row output layer at every token
+    probes = retention_probes() if ec.retention else []
+    probe_chats = [probe_conversation(p, system) for p in probes]
+    sampling = Sampling(ec.max_new_tokens, ec.do_sample, ec.temperature, ec.top_p, ec.seed)
+    transformers_engine = TransformersGenerator(model, tokenizer, family, ec.batch_size)
+    val_examples = _encode(val, tokenizer, family, config)
+    general = general_text_examples(tokenizer, config.train.cutoff_len) if ec.retention else []
+
+    sides: dict[str, dict[str, Any]] = {}
+    answers: dict[str, Answers] = {}
+    for side in ("base", "tuned"):
+        with model.disable_adapter() if side == "base" else nullcontext():
+            console.print(f"[bold]eval[/]: {side} model: loss, {len(cases)} cases, {len(probes)} retention probes ...")
+            loss = mean_loss(model, val_examples, tokenizer.pad_token_id, ec.batch_size)
+            general_loss = mean_loss(model, general, tokenizer.pad_token_id, ec.batch_size) if general else None
+            answers[side] = answer_all(transformers_engine, cases, probe_chats, sampling)
+        sides[side] = {"eval_loss": _round(loss), "perplexity": perplexity(loss),
+                       "general_text_perplexity": perplexity(general_loss)}
+    agreement = None
+    if gguf is not None:
+        console.print(f"[bold]eval[/]: tuned answers from {gguf} (llama.cpp) ...")
+        longest = max(len(prompt_ids(tokenizer, family, chat)) for chat in [*(c.messages for c in cases), *probe_chats])
+        engine = LlamaCppGenerator(gguf, tokenizer, family, n_ctx=longest + ec.max_new_tokens)
+        merged = answers["tuned"]
+        answers["tuned"] = answer_all(engine, cases, probe_chats, sampling)
+        agreement = agreement_summary(merged.suite, answers["tuned"].suite, gguf)
+    for side in sides:
+        sides[side].update(answer_summary(cases, answers[side], probes))
+    return {
+        "engine": ec.engine,
+        "suite": {"source": source, "cases": len(cases), "with_checks": sum(bool(c.checks) for c in cases),
+                  "with_reference": sum(c.reference is not None for c in cases)},
+        "sampling": {"do_sample": ec.do_sample, "max_new_tokens": ec.max_new_tokens,
+                     **({"temperature": ec.temperature, "top_p": ec.top_p, "seed": ec.seed} if ec.do_sample else {})},
+        "base": sides["base"],
+        "tuned": sides["tuned"],
+        "regressions": regressions(sides["base"], sides["tuned"], ec),
+        "agreement": agreement,
+        "cases": case_records(cases, answers),
+        "retention": [
+            {"id": p.id, "lang": p.lang, "prompt": p.prompt, "answers": list(p.answers),
+             **{side: {"answer": answers[side].probes[i].text, "correct": p.correct(answers[side].probes[i].text)}
+                for side in ("base", "tuned")}}
+            for i, p in enumerate(probes)
+        ],
+    }
+
+
+def suite_cases(ec: EvalConfig, val: list[list[dict[str, str]]], system: str | None) -> tuple[list[Case], str]:
+    """The user's suite (cases without a system prompt get the one the model is deployed with), or a
+    sample of val prompts with their answers as references."""
+    if ec.suite:
+        cases = load_suite(Path(ec.suite))
+        if system:
+            for case in cases:
+                if case.messages[0]["role"] != "system":
+                    case.messages.insert(0, {"role": "system", "content": system})
+        return cases, ec.suite
+    cases = val_sample_suite(val, ec.num_samples, ec.seed)
+    if not cases:
+        raise UserError("the val split is empty, so there is no default suite: give eval.suite (or --suite FILE)")
+    return cases, f"val sample ({len(cases)} of {len(val)} conversations)"
+
+
+def deployed_gguf(run: RunDir, ec: EvalConfig) -> Path:
+    if ec.gguf:
+        return run.require(run.gguf_path(ec.gguf), "export gguf")
+    found = sorted(run.gguf_dir.glob("model-*.gguf")) if run.gguf_dir.is_dir() else []
+    if not found:
+        raise UserError(f"{run.gguf_dir} has no model-<quant>.gguf: run `gemmaforge export gguf {run.root}` first")
+    return found[0]
+
+
+def _encode(val: list[list[dict[str, str]]], tokenizer: Any, family: Family, config: RunConfig) -> list[dict]:
+    from gemmaforge.train.collate import tokenize_conversations
+
+    examples, _dropped = tokenize_conversations(
+        val, tokenizer, family, config.train.cutoff_len, "data/val.jsonl",
+        train_on_prompt=config.data.train_on_prompt, mask_history=config.data.mask_history,
+    )
+    return examples
+
+
+def answer_all(engine: Generator, cases: list[Case], probe_chats: list[list[dict[str, str]]],
+               sampling: Sampling) -> Answers:
+    start = time.perf_counter()
+    suite = engine.generate([c.messages for c in cases], sampling)
+    probes = engine.generate(probe_chats, Sampling(min(PROBE_TOKENS, sampling.max_new_tokens), sampling.do_sample,
+                                                    sampling.temperature, sampling.top_p, sampling.seed))
+    return Answers(suite, probes, time.perf_counter() - start)
+
+
+def answer_summary(cases: list[Case], answers: Answers, probes: list[Probe]) -> dict[str, Any]:
+    gens = answers.suite
+    checked = [all(check.passes(g.text) for check in c.checks) for c, g in zip(cases, gens) if c.checks]
+    by_name: dict[str, list[bool]] = {}
+    for case, gen in zip(cases, gens):
+        for check in case.checks:
+            by_name.setdefault(check.name, []).append(check.passes(gen.text))
+    scored = [(g.text, c.reference) for c, g in zip(cases, gens) if c.reference is not None]
+    refs = reference_scores([a for a, _ in scored], [r for _, r in scored]) if scored else None
+    correct = [p.correct(g.text) for p, g in zip(probes, answers.probes)]
+    n = len(gens)
+    return {
+        "suite_pass_rate": _mean(checked),
+        "check_pass_rates": {name: _mean(results) for name, results in by_name.items()},
+        "bleu": refs.bleu if refs else None,
+        "rouge_l": refs.rouge_l if refs else None,
+        "retention_accuracy": _mean(correct),
+        "answer_chars_mean": round(sum(len(g.text) for g in gens) / n, 1),
+        "answer_tokens_mean": round(sum(g.tokens for g in gens) / n, 1),
+        "stopped_rate": _mean([g.stopped for g in gens]),  # ended on the stop token, not the token limit
+        "prompts_per_second": round((len(gens) + len(answers.probes)) / answers.seconds, 3),
+    }
+
+
+def agreement_summary(merged: list[Generation], deployed: list[Generation], gguf: Path) -> dict[str, Any]:
+    """How often the GGUF answers exactly as the merged model does, and how close it is otherwise."""
+    scores = reference_scores([d.text for d in deployed], [m.text for m in merged])
+    return {
+        "gguf": str(gguf),
+        "exact_match": _mean([m.text == d.text for m, d in zip(merged, deployed)]),
+        "rouge_l": scores.rouge_l,
+        "merged_answers": [m.text for m in merged],
+    }
+
+
+def regressions(base: dict[str, Any], tuned: dict[str, Any], ec: EvalConfig) -> list[str]:
+    found = []
+    if base["retention_accuracy"] is not None and tuned["retention_accuracy"] < base["retention_accuracy"] - ec.retention_tolerance:
+        found.append(
+            f"knowledge retention fell from {base['retention_accuracy']:.0%} to {tuned['retention_accuracy']:.0%} "
+            f"of the probes (tolerance eval.retention_tolerance={ec.retention_tolerance})"
+        )
+    b, t = base["general_text_perplexity"], tuned["general_text_perplexity"]
+    if b is not None and t > b * (1 + ec.perplexity_tolerance):
+        found.append(
+            f"general-text perplexity rose from {b:.2f} to {t:.2f} (+{t / b - 1:.0%}; tolerance "
+            f"eval.perplexity_tolerance={ec.perplexity_tolerance})"
+        )
+    if tuned["stopped_rate"] < base["stopped_rate"] - 0.25:
+        found.append(
+            f"tuned answers end on the stop token less often ({tuned['stopped_rate']:.0%} against "
+            f"{base['stopped_rate']:.0%}): the rest ran into eval.max_new_tokens"
+        )
+    return found
+
+
+def case_records(cases: list[Case], answers: dict[str, Answers]) -> list[dict[str, Any]]:
+    records = []
+    for i, case in enumerate(cases):
+        record: dict[str, Any] = {"id": case.id, "messages": case.messages, "reference": case.reference,
+                                  "checks": [c.describe() for c in case.checks]}
+        for side, got in answers.items():
+            gen = got.suite[i]
+            results = [c.passes(gen.text) for c in case.checks]
+            side_record = {"answer": gen.text, "tokens": gen.tokens, "stopped": gen.stopped, "checks": results,
+                           "passed": all(results) if results else None}
+            if case.reference is not None:
+                scores = reference_scores([gen.text], [case.reference]).per_case[0]
+                side_record.update(bleu=scores[0], rouge_l=scores[1])
+            record[side] = side_record
+        records.append(record)
+    return records
+
+
+def _mean(values: list[bool]) -> float | None:
+    return round(sum(values) / len(values), 4) if values else None
+
+
+def _round(value: float | None) -> float | None:
+    return round(value, 4) if value is not None else None

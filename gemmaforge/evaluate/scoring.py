@@ -1,0 +1,72 @@
+"""Loss and perplexity, and the shipped knowledge-retention probes.
+
+Loss is the training objective itself (`train/loss.py`: mean cross-entropy over supervised tokens), so
+eval loss here equals the trainer's; perplexity is its exponential. The general-text sample is scored on
+every token after <bos>.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from importlib import resources
+from typing import Any
+
+from gemmaforge.templates import IGNORE_INDEX, Message
+
+ASSETS = resources.files("gemmaforge.evaluate") / "assets"
+
+
+def mean_loss(model: Any, examples: list[dict[str, list[int]]], pad_token_id: int, batch_size: int) -> float | None:
+    """Mean next-token cross-entropy over the supervised tokens of all examples (None when there are none)."""
+    import torch
+
+    from gemmaforge.train.collate import RightPadCollator
+    from gemmaforge.train.loss import supervised_loss
+
+    collate = RightPadCollator(pad_token_id)
+    total, count = 0.0, 0
+    model.eval()
+    with torch.no_grad():
+        for start in range(0, len(examples), batch_size):
+            batch = collate(examples[start:start + batch_size])
+            total += float(supervised_loss(model, batch, num_items=1))  # num_items=1: the sum, not the mean
+            count += int((batch["labels"][:, 1:] != IGNORE_INDEX).sum())
+    return total / count if count else None
+
+
+def perplexity(loss: float | None) -> float | None:
+    return round(math.exp(loss), 3) if loss is not None else None
+
+
+def general_text_examples(tokenizer: Any, cutoff_len: int) -> list[dict[str, list[int]]]:
+    """Each paragraph of the shipped general-text sample as one example, every token after <bos> scored."""
+    text = (ASSETS / "general_text.txt").read_text(encoding="utf-8")
+    examples = []
+    for paragraph in filter(None, (p.strip() for p in text.split("\n\n"))):
+        ids = [tokenizer.bos_token_id, *tokenizer(paragraph, add_special_tokens=False).input_ids][:cutoff_len]
+        examples.append({"input_ids": ids, "labels": [IGNORE_INDEX, *ids[1:]]})
+    return examples
+
+
+@dataclass(frozen=True)
+class Probe:
+    id: str
+    lang: str
+    prompt: str
+    answers: tuple[str, ...]  # a reply is correct when it contains any of them (case-insensitive)
+
+    def correct(self, reply: str) -> bool:
+        folded = reply.casefold()
+        return any(answer.casefold() in folded for answer in self.answers)
+
+
+def retention_probes() -> list[Probe]:
+    lines = (ASSETS / "retention.jsonl").read_text(encoding="utf-8").splitlines()
+    return [Probe(r["id"], r["lang"], r["prompt"], tuple(r["answers"])) for r in map(json.loads, filter(None, lines))]
+
+
+def probe_conversation(probe: Probe, system: str | None) -> list[Message]:
+    head = [{"role": "system", "content": system}] if system else []
+    return [*head, {"role": "user", "content": probe.prompt}]
