@@ -32,7 +32,8 @@ EPILOG = """examples:
   gemmaforge run my.yaml train.learning_rate=1e-4          # any config key can be overridden
   gemmaforge eval runs/quickstart --suite suite.yaml        # base vs tuned: checks, BLEU/ROUGE-L, retention
   gemmaforge merge runs/quickstart                         # a stage alone, on an existing run dir
-  gemmaforge export gguf runs/quickstart --quant f16
+  gemmaforge export gguf runs/quickstart --quant f16 --quant q4_k_m
+  gemmaforge export verify runs/quickstart                 # every GGUF against the merged model
   gemmaforge export ollama runs/quickstart --create
 """
 
@@ -70,9 +71,17 @@ def build_parser() -> argparse.ArgumentParser:
 
     export = verbs.add_parser("export", help="Export a merged run: GGUF files or an Ollama Modelfile.")
     targets = export.add_subparsers(dest="target", required=True, metavar="TARGET", parser_class=_Parser)
-    p = targets.add_parser("gguf", help="Write RUN_DIR/gguf/model-<quant>.gguf from RUN_DIR/merged.")
+    p = targets.add_parser("gguf", help="Write RUN_DIR/gguf/model-<quant>.gguf from RUN_DIR/merged (K-quants "
+                           "through llama.cpp's quantizer).")
     p.add_argument("run_dir", type=Path)
     p.add_argument("--quant", action="append", choices=GGUF_QUANTS, help="repeatable; default: the config's export.gguf")
+    p = targets.add_parser(
+        "verify", help="Read every RUN_DIR/gguf file back, run it in llama.cpp, compare with the merged model.",
+        description="Read every gguf/model-<quant>.gguf back (every key and tensor), load it in llama.cpp and "
+        "compare its next-token distributions with the merged model's on val conversations: top-1 agreement "
+        "and mean KL per file, into gguf/verify.json. Fails when f16 agrees on fewer than 99% of positions.",
+    )
+    p.add_argument("run_dir", type=Path)
     p = targets.add_parser("ollama", help="Write RUN_DIR/ollama/Modelfile pointing at the run's GGUF.")
     p.add_argument("run_dir", type=Path)
     p.add_argument("--create", action="store_true", help="also run `ollama create NAME -f Modelfile`")
@@ -219,6 +228,8 @@ def dispatch(args: argparse.Namespace) -> None:
             pipeline.stage_merge(run, base)
         elif args.target == "gguf":
             pipeline.stage_export_gguf(run, config, base, args.quant or list(config.export.gguf))
+        elif args.target == "verify":
+            pipeline.stage_export_verify(run, base)
         else:
             pipeline.stage_export_ollama(run, config, base, create=args.create)
 

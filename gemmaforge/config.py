@@ -196,8 +196,9 @@ class EvalConfig(Section):
     )
 
 
-GGUF_QUANTS = ("f32", "f16", "bf16", "q8_0")
-GgufQuant = Literal["f32", "f16", "bf16", "q8_0"]
+# f32 ... q5_0 are written in numpy; the K-quants by llama.cpp's quantizer (export/quantize.py)
+GgufQuant = Literal["f32", "f16", "bf16", "q8_0", "q4_0", "q5_0", "q4_k_m", "q5_k_m", "q6_k"]
+GGUF_QUANTS: tuple[str, ...] = GgufQuant.__args__
 
 
 class ExportConfig(Section):

@@ -103,6 +103,19 @@ def stage_export_gguf(run: RunDir, config: RunConfig, base: ResolvedModel, quant
         record["files"] = files
 
 
+def stage_export_verify(run: RunDir, base: ResolvedModel) -> None:
+    from gemmaforge.export.verify import verify_run
+
+    with run.stage("export_verify") as record:
+        report = verify_run(run, base.family)
+        record["files"] = {q: {k: r[k] for k in ("top1_agreement", "mean_kl")} for q, r in report["files"].items()}
+    console.print(f"[bold]export verify[/]: {report['positions']} positions of {report['prompts']} val conversations "
+                  f"-> {run.gguf_dir / 'verify.json'}")
+    for quant, r in report["files"].items():
+        console.print(f"  {quant:7} top-1 agreement {r['top1_agreement']:.2%}  mean KL {r['mean_kl']:.5f}  "
+                      f"{r['bytes'] / 2**20:,.0f} MiB  {r['tensors']} tensors, {r['keys']} keys read back")
+
+
 def stage_export_ollama(run: RunDir, config: RunConfig, base: ResolvedModel, create: bool = False) -> None:
     from gemmaforge.export.ollama import ollama_create, ollama_model_name, write_modelfile
 

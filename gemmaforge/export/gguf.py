@@ -27,6 +27,7 @@ from safetensors import safe_open
 from gemmaforge.config import GGUF_QUANTS
 from gemmaforge.errors import UserError
 from gemmaforge.export.gguf_vocab import load_vocab
+from gemmaforge.export.quantize import K_QUANTS, llama_cpp_quantize, quantizer
 from gemmaforge.families import family_for_model_type
 
 QType = gguf.GGMLQuantizationType
@@ -37,7 +38,12 @@ _QUANTS: dict[str, tuple[gguf.LlamaFileType, QType]] = {
     "f16": (gguf.LlamaFileType.MOSTLY_F16, QType.F16),
     "bf16": (gguf.LlamaFileType.MOSTLY_BF16, QType.BF16),
     "q8_0": (gguf.LlamaFileType.MOSTLY_Q8_0, QType.Q8_0),
+    "q4_0": (gguf.LlamaFileType.MOSTLY_Q4_0, QType.Q4_0),
+    "q5_0": (gguf.LlamaFileType.MOSTLY_Q5_0, QType.Q5_0),
 }
+# Tied Gemma models use token_embd as the output layer too: llama.cpp's quantizer keeps it at 6 bits
+# (Q6_K) for 4- and 5-bit files; numpy has no Q6_K quantizer, so it stays Q8_0 there.
+_EMBEDDING_FLOOR = {QType.Q4_0: QType.Q8_0, QType.Q5_0: QType.Q8_0}
 
 
 # ---------------------------------------------------------------------------- hyperparameters
@@ -130,6 +136,8 @@ def _tensor_type(gguf_name: str, shape: tuple[int, ...], weights: QType) -> QTyp
     blocks falls back to F16; everything else (token_embd included) gets the file's type."""
     if len(shape) <= 1 or gguf_name.endswith("_norm.weight"):
         return QType.F32
+    if gguf_name == "token_embd.weight":
+        weights = _EMBEDDING_FLOOR.get(weights, weights)
     block_size, _ = gguf.GGML_QUANT_SIZES[weights]
     return weights if shape[-1] % block_size == 0 else QType.F16
 
@@ -213,7 +221,16 @@ def write_gguf(
     model_dir: Path, out_path: Path, quant: str, *, chat_template: str | None = None, name: str | None = None
 ) -> Path:
     """Write `model_dir` (merged HF, text-only Gemma) as a GGUF of type `quant` at `out_path`;
-    `name` is general.name (default: the folder's name, as llama.cpp's converter)."""
+    `name` is general.name (default: the folder's name, as llama.cpp's converter). K-quants are made by
+    llama.cpp's quantizer from an f16 file written first (and removed after)."""
+    if quant in K_QUANTS:
+        quantizer(quant)
+        source = out_path.with_name(f".{out_path.name}.f16-source.tmp")
+        try:
+            write_gguf(model_dir, source, "f16", chat_template=chat_template, name=name)
+            return llama_cpp_quantize(source, out_path, quant)
+        finally:
+            source.unlink(missing_ok=True)
     if quant not in _QUANTS:
         raise UserError(f"unknown GGUF quant {quant!r}; choose one of: {', '.join(GGUF_QUANTS)}")
     model_dir, out_path = Path(model_dir), Path(out_path)

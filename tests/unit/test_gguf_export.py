@@ -18,6 +18,7 @@ from gemmaforge.errors import UserError
 from gemmaforge.export import gguf as gguf_export
 from gemmaforge.export.gguf import _QUANTS, write_gguf
 from gemmaforge.export.gguf_vocab import load_vocab
+from gemmaforge.export.quantize import K_QUANTS
 
 ARCH = "gemma3"
 N_VOCAB = 262144
@@ -95,6 +96,7 @@ def written(tiny_gemma3_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> 
         "f32": tiny_gemma3_dir,
         "f16": tiny_gemma3_dir,
         "q8_0": with_tied_lm_head(tiny_gemma3_dir, out / "with-lm-head"),
+        "q4_0": tiny_gemma3_dir,
     }
     readers = {}
     for quant, model_dir in sources.items():
@@ -135,6 +137,38 @@ def test_float_values_match_source(written, source, config, quant, rtol):
     for hf_name, gguf_name in expected_names(config["num_hidden_layers"]).items():
         want = source[hf_name] + (1.0 if hf_name.endswith("norm.weight") else 0.0)
         np.testing.assert_allclose(values(tensors[gguf_name]), want, rtol=rtol, atol=1e-7, err_msg=gguf_name)
+
+
+def test_q4_0_dequantizes_close_to_source_and_keeps_the_embedding_at_8_bits(written, source, config):
+    tensors = {t.name: t for t in written["q4_0"].tensors}
+    for hf_name, gguf_name in expected_names(config["num_hidden_layers"]).items():
+        if source[hf_name].ndim == 2:
+            t = tensors[gguf_name]
+            assert t.tensor_type == (QType.Q8_0 if gguf_name == "token_embd.weight" else QType.Q4_0), gguf_name
+            w = source[hf_name]
+            step = np.abs(w.reshape(-1, 32)).max(axis=1, keepdims=True) / (127 if t.tensor_type == QType.Q8_0 else 8)
+            err = np.abs(values(t) - w).reshape(-1, 32)
+            assert np.all(err <= step * 1.01), gguf_name  # within one quantization step of the block
+
+
+def test_k_quants_go_through_llama_cpps_quantizer(tiny_gemma3_dir: Path, tmp_path: Path) -> None:
+    pytest.importorskip("llama_cpp")
+    path = write_gguf(tiny_gemma3_dir, tmp_path / "tiny-q4_k_m.gguf", "q4_k_m")
+    reader = gguf.GGUFReader(path)
+    assert field(reader, Keys.General.FILE_TYPE) == gguf.LlamaFileType.MOSTLY_Q4_K_M
+    assert field(reader, "tokenizer.ggml.model") == "llama"
+    assert {t.name for t in reader.tensors} == set(expected_names(2).values())
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["tiny-q4_k_m.gguf"]  # the f16 source is gone
+
+
+def test_k_quant_without_llama_cpp_is_a_clear_error(tiny_gemma3_dir: Path, tmp_path: Path,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+
+    monkeypatch.setitem(sys.modules, "llama_cpp", None)  # import fails as if it were not installed
+    with pytest.raises(UserError, match="q6_k is made by llama.cpp's quantizer: pip install llama-cpp-python"):
+        write_gguf(tiny_gemma3_dir, tmp_path / "tiny-q6_k.gguf", "q6_k")
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_q8_0_dequantizes_close_to_source(written, source, config):
@@ -228,8 +262,8 @@ def test_tokenizer_model_gives_the_same_vocabulary(tiny_gemma3_dir, tmp_path):
 
 
 def test_unknown_quant_names_value_and_choices(tiny_gemma3_dir, tmp_path):
-    with pytest.raises(UserError, match="q4_k_m") as e:
-        write_gguf(tiny_gemma3_dir, tmp_path / "x.gguf", "q4_k_m")
+    with pytest.raises(UserError, match="q3_k_s") as e:
+        write_gguf(tiny_gemma3_dir, tmp_path / "x.gguf", "q3_k_s")
     assert all(q in str(e.value) for q in GGUF_QUANTS)
     assert list(tmp_path.iterdir()) == []
 
@@ -273,5 +307,5 @@ def test_failed_write_leaves_nothing_behind(tiny_gemma3_dir, tmp_path, monkeypat
 
 
 def test_config_offers_exactly_the_quants_the_writer_has() -> None:
-    assert set(GGUF_QUANTS) == set(_QUANTS)
+    assert set(GGUF_QUANTS) == set(_QUANTS) | set(K_QUANTS)
     assert set(ExportConfig.model_fields["gguf"].annotation.__args__[0].__args__) == set(GGUF_QUANTS)

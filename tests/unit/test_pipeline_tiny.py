@@ -118,3 +118,37 @@ def test_stages_run_alone_on_the_run_dir(tiny_run: tuple[Path, str]) -> None:
     assert (run / "ollama" / "Modelfile").is_file()
     assert main(["export", "gguf", str(run), "--quant", "f32"]) == 0
     assert (run / "gguf" / "model-f32.gguf").stat().st_size > (run / "gguf" / "model-f16.gguf").stat().st_size
+
+
+def test_export_verify_reads_back_and_compares_every_gguf(tiny_run: tuple[Path, str]) -> None:
+    pytest.importorskip("llama_cpp")
+    run = tiny_run[0]
+    assert main(["export", "verify", str(run)]) == 0
+    report = json.loads((run / "gguf" / "verify.json").read_text())
+    files = report["files"]
+    assert {"f16", "q8_0"} <= set(files) and report["positions"] > 100
+    assert files["f16"]["top1_agreement"] >= 0.99 and files["f16"]["mean_kl"] < 1e-3
+    assert files["q8_0"]["mean_kl"] > files["f16"]["mean_kl"]
+    for result in files.values():
+        assert result["tensors"] == 2 + 2 * 13 and result["keys"] > 30 and result["tensor_bytes"] > 0
+    assert files["q8_0"]["tensor_types"] == ["F32", "Q8_0"]
+    stage = json.loads((run / "manifest.json").read_text())["stages"]["export_verify"]
+    assert stage["status"] == "done" and set(stage["files"]) == set(files)
+
+
+def test_export_verify_fails_on_an_f16_file_of_another_model(tiny_run: tuple[Path, str], tmp_path: Path,
+                                                             embedded_model, capsys: pytest.CaptureFixture[str]) -> None:
+    """A GGUF that loads but computes something else (here: another random model) is caught."""
+    pytest.importorskip("llama_cpp")
+    from gemmaforge.export.gguf import write_gguf
+    from tests.conftest import build_tiny_gemma3
+
+    run = tiny_run[0]
+    other = build_tiny_gemma3(tmp_path / "other", embedded_model.path, seed=1)
+    original = (run / "gguf" / "model-f16.gguf").read_bytes()
+    try:
+        write_gguf(other, run / "gguf" / "model-f16.gguf", "f16")
+        assert main(["export", "verify", str(run)]) == 1
+        assert "top-1 agreement with the merged model is" in capsys.readouterr().err
+    finally:
+        (run / "gguf" / "model-f16.gguf").write_bytes(original)
