@@ -71,10 +71,16 @@ def build_parser() -> argparse.ArgumentParser:
 
     export = verbs.add_parser("export", help="Export a merged run: GGUF files or an Ollama Modelfile.")
     targets = export.add_subparsers(dest="target", required=True, metavar="TARGET", parser_class=_Parser)
-    p = targets.add_parser("gguf", help="Write RUN_DIR/gguf/model-<quant>.gguf from RUN_DIR/merged (K-quants "
-                           "through llama.cpp's quantizer).")
-    p.add_argument("run_dir", type=Path)
-    p.add_argument("--quant", action="append", choices=GGUF_QUANTS, help="repeatable; default: the config's export.gguf")
+    p = targets.add_parser(
+        "gguf", help="Write RUN_DIR/gguf/model-<quant>.gguf from RUN_DIR/merged, or convert any HF Gemma checkpoint.",
+        description="Write RUN_DIR/gguf/model-<quant>.gguf from RUN_DIR/merged, or convert any Hugging Face Gemma "
+        "checkpoint folder (default output: CHECKPOINT/<folder>-<quant>.gguf). K-quants go through llama.cpp's "
+        "quantizer (llama-cpp-python).",
+    )
+    p.add_argument("run_dir", type=Path, metavar="PATH", help="a run directory, or an HF Gemma checkpoint folder")
+    p.add_argument("--quant", action="append", choices=GGUF_QUANTS,
+                   help="repeatable; default: the run config's export.gguf (f16 for a checkpoint)")
+    p.add_argument("--output", type=Path, metavar="FILE", help="the GGUF file to write (one --quant only)")
     p = targets.add_parser(
         "verify", help="Read every RUN_DIR/gguf file back, run it in llama.cpp, compare with the merged model.",
         description="Read every gguf/model-<quant>.gguf back (every key and tensor), load it in llama.cpp and "
@@ -218,6 +224,8 @@ def dispatch(args: argparse.Namespace) -> None:
         base = pipeline.base_model(run, config, home)
         pipeline.stage_data(run, config, base)
         pipeline.stage_train(run, config, base)
+    elif args.verb == "export" and args.target == "gguf" and is_checkpoint(args.run_dir):
+        pipeline.export_checkpoint_gguf(args.run_dir, args.quant or ["f16"], args.output)
     else:
         run = RunDir.open(args.run_dir)
         config: RunConfig = run.config()
@@ -227,11 +235,16 @@ def dispatch(args: argparse.Namespace) -> None:
         elif args.verb == "merge":
             pipeline.stage_merge(run, base)
         elif args.target == "gguf":
-            pipeline.stage_export_gguf(run, config, base, args.quant or list(config.export.gguf))
+            pipeline.stage_export_gguf(run, config, base, args.quant or list(config.export.gguf), args.output)
         elif args.target == "verify":
             pipeline.stage_export_verify(run, base)
         else:
             pipeline.stage_export_ollama(run, config, base, create=args.create)
+
+
+def is_checkpoint(path: Path) -> bool:
+    """A model folder rather than a run directory (which has run.yaml)."""
+    return (path / "config.json").is_file() and not (path / "run.yaml").is_file()
 
 
 def run_data_action(args: argparse.Namespace, home: Path) -> None:

@@ -5,12 +5,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 from gemmaforge.config import RunConfig
 from gemmaforge.console import console
 from gemmaforge.distributed import barrier, is_main_process
-from gemmaforge.errors import StageError
+from gemmaforge.errors import StageError, UserError
 from gemmaforge.models import ResolvedModel, resolve_model
 from gemmaforge.runs import RunDir
 
@@ -85,22 +86,41 @@ def stage_merge(run: RunDir, base: ResolvedModel) -> None:
     console.print(f"[bold]merge[/]: {run.merged_dir}")
 
 
-def stage_export_gguf(run: RunDir, config: RunConfig, base: ResolvedModel, quants: list[str]) -> None:
+def stage_export_gguf(run: RunDir, config: RunConfig, base: ResolvedModel, quants: list[str],
+                      output: Path | None = None) -> None:
     from gemmaforge.export.gguf import write_gguf
     from gemmaforge.export.ollama import ollama_model_name
     from gemmaforge.templates import hf_chat_template
 
     merged = run.require(run.merged_dir / "config.json", "merge").parent
     template = hf_chat_template(base.family)
+    targets = gguf_targets(quants, output, run.gguf_path)
     with run.stage("export_gguf") as record:
         files = {}
-        for quant in quants:
-            console.print(f"[bold]export gguf[/]: writing {run.gguf_path(quant)} ...")
-            path = write_gguf(
-                merged, run.gguf_path(quant), quant, chat_template=template, name=ollama_model_name(config)
-            )
+        for quant, target in targets.items():
+            console.print(f"[bold]export gguf[/]: writing {target} ...")
+            path = write_gguf(merged, target, quant, chat_template=template, name=ollama_model_name(config))
             files[quant] = {"path": str(path), "bytes": path.stat().st_size}
         record["files"] = files
+
+
+def export_checkpoint_gguf(checkpoint: Path, quants: list[str], output: Path | None) -> None:
+    """Convert a Hugging Face Gemma folder that was not trained here (its own chat template is kept)."""
+    from gemmaforge.export.gguf import write_gguf
+
+    name = checkpoint.resolve().name
+    for quant, target in gguf_targets(quants, output, lambda q: checkpoint / f"{name}-{q}.gguf").items():
+        console.print(f"[bold]export gguf[/]: writing {target} ...")
+        path = write_gguf(checkpoint, target, quant)
+        console.print(f"[bold]export gguf[/]: {path} ({path.stat().st_size / 2**20:,.0f} MiB)")
+
+
+def gguf_targets(quants: list[str], output: Path | None, default: Callable[[str], Path]) -> dict[str, Path]:
+    if output is not None and len(quants) != 1:
+        raise UserError(f"--output names one file; give exactly one --quant (got {', '.join(quants)})")
+    if output is not None and output.suffix != ".gguf":
+        raise UserError(f"--output {output}: expected a file name ending in .gguf")
+    return {quant: output or default(quant) for quant in dict.fromkeys(quants)}
 
 
 def stage_export_verify(run: RunDir, base: ResolvedModel) -> None:

@@ -309,3 +309,25 @@ def test_failed_write_leaves_nothing_behind(tiny_gemma3_dir, tmp_path, monkeypat
 def test_config_offers_exactly_the_quants_the_writer_has() -> None:
     assert set(GGUF_QUANTS) == set(_QUANTS) | set(K_QUANTS)
     assert set(ExportConfig.model_fields["gguf"].annotation.__args__[0].__args__) == set(GGUF_QUANTS)
+
+
+def test_cli_converts_any_hf_gemma_checkpoint(tiny_gemma3_dir: Path, tmp_path: Path,
+                                              capsys: pytest.CaptureFixture[str]) -> None:
+    from gemmaforge.cli import main
+
+    checkpoint = shutil.copytree(tiny_gemma3_dir, tmp_path / "my-gemma")
+    assert main(["export", "gguf", str(checkpoint), "--quant", "q8_0"]) == 0
+    reader = gguf.GGUFReader(checkpoint / "my-gemma-q8_0.gguf")
+    assert field(reader, Keys.General.NAME) == "my-gemma" and field(reader, Keys.General.FILE_TYPE) == 7
+    assert main(["export", "gguf", str(checkpoint), "--output", str(tmp_path / "out" / "x.gguf")]) == 0
+    assert field(gguf.GGUFReader(tmp_path / "out" / "x.gguf"), Keys.General.FILE_TYPE) == 1  # f16 by default
+
+    assert main(["export", "gguf", str(checkpoint), "--quant", "f16", "--quant", "q8_0", "--output", "y.gguf"]) == 2
+    assert "--output names one file; give exactly one --quant" in capsys.readouterr().err
+    config = json.loads((checkpoint / "config.json").read_text())
+    (checkpoint / "config.json").write_text(json.dumps({**config, "model_type": "llama"}))
+    assert main(["export", "gguf", str(checkpoint)]) == 2
+    assert "model_type 'llama' is not a Gemma text model" in capsys.readouterr().err
+    assert sorted(p.name for p in tmp_path.rglob("*.gguf")) == ["my-gemma-q8_0.gguf", "x.gguf"]  # nothing partial
+    assert main(["export", "gguf", str(tmp_path / "out")]) == 2
+    assert "not a run directory (no run.yaml)" in capsys.readouterr().err
