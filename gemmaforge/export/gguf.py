@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import shutil
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack
@@ -207,6 +208,16 @@ def _vocab_to_gguf(w: gguf.GGUFWriter, model_dir: Path, n_vocab: int, chat_templ
         w.add_chat_template(template)
 
 
+_METADATA_ALLOWANCE = 64 * 2**20  # vocabulary, chat template, header: a few MiB for a 262k vocabulary
+
+
+def _check_room(folder: Path, needed: int) -> None:
+    """Refuse before writing rather than leave a disk full and a file half-written."""
+    free = shutil.disk_usage(folder).free
+    if free < needed:
+        raise UserError(f"{folder}: {free / 2**30:.2f} GiB free, the GGUF file needs {needed / 2**30:.2f} GiB")
+
+
 def _read_config(model_dir: Path) -> dict[str, Any]:
     path = model_dir / "config.json"
     if not path.is_file():
@@ -249,6 +260,7 @@ def write_gguf(
         raise UserError(f"no embed_tokens.weight among the weights in {model_dir}")
 
     out_path.parent.mkdir(parents=True, exist_ok=True)
+    _check_room(out_path.parent, sum(t.nbytes for t in plan) + _METADATA_ALLOWANCE)
     # hidden and unique; not mkstemp, whose 0600 mode would hide the file from an `ollama` user
     tmp = out_path.with_name(f".{out_path.name}.{uuid.uuid4().hex[:12]}.tmp")
     writer = gguf.GGUFWriter(tmp, family.gguf_arch)

@@ -331,3 +331,12 @@ def test_cli_converts_any_hf_gemma_checkpoint(tiny_gemma3_dir: Path, tmp_path: P
     assert sorted(p.name for p in tmp_path.rglob("*.gguf")) == ["my-gemma-q8_0.gguf", "x.gguf"]  # nothing partial
     assert main(["export", "gguf", str(tmp_path / "out")]) == 2
     assert "not a run directory (no run.yaml)" in capsys.readouterr().err
+
+
+def test_a_disk_without_room_is_refused_before_writing(tiny_gemma3_dir: Path, tmp_path: Path,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    real = shutil.disk_usage
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: real(path)._replace(free=10 * 2**20))
+    with pytest.raises(UserError, match=r"0\.01 GiB free, the GGUF file needs 0\.\d\d GiB"):
+        write_gguf(tiny_gemma3_dir, tmp_path / "tiny-f16.gguf", "f16")
+    assert list(tmp_path.iterdir()) == []
