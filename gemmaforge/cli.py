@@ -81,6 +81,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--quant", action="append", choices=GGUF_QUANTS,
                    help="repeatable; default: the run config's export.gguf (f16 for a checkpoint)")
     p.add_argument("--output", type=Path, metavar="FILE", help="the GGUF file to write (one --quant only)")
+    p.add_argument("--adapter", action="store_true",
+                   help="write the LoRA adapter alone as RUN_DIR/gguf/adapter-f16.gguf (for llama.cpp --lora and "
+                   "Ollama's ADAPTER on top of the base GGUF) instead of the merged model")
     p = targets.add_parser(
         "verify", help="Read every RUN_DIR/gguf file back, run it in llama.cpp, compare with the merged model.",
         description="Read every gguf/model-<quant>.gguf back (every key and tensor), load it in llama.cpp and "
@@ -234,6 +237,8 @@ def dispatch(args: argparse.Namespace) -> None:
             pipeline.stage_eval(run, eval_config_from(config, args), base)
         elif args.verb == "merge":
             pipeline.stage_merge(run, base)
+        elif args.target == "gguf" and args.adapter:
+            pipeline.stage_export_adapter(run, base)
         elif args.target == "gguf":
             pipeline.stage_export_gguf(run, config, base, args.quant or list(config.export.gguf), args.output)
         elif args.target == "verify":

@@ -104,6 +104,20 @@ def stage_export_gguf(run: RunDir, config: RunConfig, base: ResolvedModel, quant
         record["files"] = files
 
 
+def stage_export_adapter(run: RunDir, base: ResolvedModel) -> None:
+    import json
+
+    from gemmaforge.export.gguf_adapter import write_adapter_gguf
+
+    adapter = run.require(run.adapter_dir / "adapter_config.json", "train").parent
+    n_layers = json.loads((base.path / "config.json").read_text(encoding="utf-8"))
+    n_layers = n_layers.get("text_config", n_layers)["num_hidden_layers"]
+    with run.stage("export_adapter") as record:
+        path = write_adapter_gguf(adapter, run.gguf_dir / "adapter-f16.gguf", base.family, n_layers)
+        record.update(path=str(path), bytes=path.stat().st_size)
+    console.print(f"[bold]export gguf[/]: {path} (apply it to the base model's GGUF: llama.cpp --lora, Ollama ADAPTER)")
+
+
 def export_checkpoint_gguf(checkpoint: Path, quants: list[str], output: Path | None) -> None:
     """Convert a Hugging Face Gemma folder that was not trained here (its own chat template is kept)."""
     from gemmaforge.export.gguf import write_gguf

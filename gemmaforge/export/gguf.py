@@ -1,6 +1,6 @@
 """Merged Hugging Face Gemma directory -> one GGUF file that llama.cpp and Ollama load.
 
-Follows llama.cpp's own converter (`convert_hf_to_gguf.py`, Gemma3Model and TextModel) for keys,
+Follows llama.cpp's own converter (`convert_hf_to_gguf.py`: GemmaModel, Gemma2Model, Gemma3Model) for keys,
 tensor names and per-tensor types, but streams: the tensor table is planned from the safetensors
 headers first, then each tensor is loaded, converted and written on its own, so peak memory is
 about one tensor (the 262k-row embedding) rather than the model. The file appears at `out_path`
@@ -60,24 +60,48 @@ def _rope_parameters(cfg: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any
     return full, {"rope_theta": cfg.get("rope_local_base_freq")}
 
 
+def _core_hparams(w: gguf.GGUFWriter, cfg: dict[str, Any]) -> None:
+    """Sizes and attention shape, written alike by llama.cpp's converter for every Gemma generation."""
+    try:
+        w.add_block_count(cfg["num_hidden_layers"])
+        w.add_context_length(cfg["max_position_embeddings"])
+        w.add_embedding_length(cfg["hidden_size"])
+        w.add_feed_forward_length(cfg["intermediate_size"])
+        w.add_head_count(cfg["num_attention_heads"])
+        w.add_head_count_kv(cfg.get("num_key_value_heads", cfg["num_attention_heads"]))
+        w.add_key_length(cfg["head_dim"])
+        w.add_value_length(cfg["head_dim"])
+        w.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
+    except KeyError as missing:
+        raise UserError(f"config.json has no {missing.args[0]!r}: expected a complete Hugging Face Gemma config") from None
+
+
+def _gemma_hparams(w: gguf.GGUFWriter, cfg: dict[str, Any]) -> None:
+    """Gemma 1: what llama.cpp's GemmaModel writes (RoPE base 10000 is llama.cpp's default)."""
+    _core_hparams(w, cfg)
+
+
+def _gemma2_hparams(w: gguf.GGUFWriter, cfg: dict[str, Any]) -> None:
+    """Gemma 2: llama.cpp's Gemma2Model adds both soft-cappings and the sliding window."""
+    _core_hparams(w, cfg)
+    w.add_attn_logit_softcapping(cfg["attn_logit_softcapping"])
+    w.add_final_logit_softcapping(cfg["final_logit_softcapping"])
+    w.add_sliding_window(cfg["sliding_window"])
+
+
+# transformers' Gemma3TextConfig defaults, for configs that leave keys out
+_GEMMA3_DEFAULTS = {"head_dim": 256, "max_position_embeddings": 131072, "num_attention_heads": 8,
+                    "num_key_value_heads": 4, "rms_norm_eps": 1e-6}
+
+
 def _gemma3_hparams(w: gguf.GGUFWriter, cfg: dict[str, Any]) -> None:
-    """What llama.cpp's Gemma3Model writes; the defaults are those of transformers' Gemma3TextConfig."""
+    """What llama.cpp's Gemma3Model writes."""
     if cfg.get("attn_logit_softcapping") is not None:
         raise UserError(
             "config.json sets attn_logit_softcapping, which Gemma 3 does not have in "
             "llama.cpp; write a clean text-only config before exporting"
         )
-    head_dim = cfg.get("head_dim", 256)
-    w.add_block_count(cfg["num_hidden_layers"])
-    w.add_context_length(cfg.get("max_position_embeddings", 131072))
-    w.add_embedding_length(cfg["hidden_size"])
-    w.add_feed_forward_length(cfg["intermediate_size"])
-    w.add_head_count(cfg.get("num_attention_heads", 8))
-    w.add_head_count_kv(cfg.get("num_key_value_heads", 4))
-    w.add_key_length(head_dim)
-    w.add_value_length(head_dim)
-    w.add_layer_norm_rms_eps(cfg.get("rms_norm_eps", 1e-6))
-
+    _core_hparams(w, {**_GEMMA3_DEFAULTS, **cfg})
     full, sliding = _rope_parameters(cfg)
     w.add_rope_freq_base(full.get("rope_theta") or 1_000_000.0)  # global (full-attention) layers
     if sliding.get("rope_theta") is not None:
@@ -95,8 +119,10 @@ def _gemma3_hparams(w: gguf.GGUFWriter, cfg: dict[str, Any]) -> None:
         w.add_final_logit_softcapping(cfg["final_logit_softcapping"])
 
 
-# HF model_type -> its hyperparameter writer. gemma / gemma2 go here once supported.
+# HF model_type -> its hyperparameter writer. gemma4 goes here once supported.
 _HPARAM_WRITERS: dict[str, Callable[[gguf.GGUFWriter, dict[str, Any]], None]] = {
+    "gemma": _gemma_hparams,
+    "gemma2": _gemma2_hparams,
     "gemma3_text": _gemma3_hparams,
 }
 

@@ -158,3 +158,48 @@ def test_gguf_chat_template_renders_the_training_prompt(tiny_gemma3_dir: Path, t
     ]
     expected = render_conversation(messages, family, add_generation_prompt=True).text
     assert formatter(messages=messages).prompt == expected
+
+
+def build_tiny(family: str, target: Path, tokenizer_dir: Path) -> Path:
+    """A 2-layer random Gemma 1 or Gemma 2 with the real tokenizer and non-trivial norms (a missing +1
+    shift would show); query_pre_attn_scalar equals head_dim, which is what llama.cpp assumes below 27B."""
+    import shutil
+
+    from transformers import Gemma2Config, Gemma2ForCausalLM, GemmaConfig, GemmaForCausalLM
+
+    from tests.conftest import TOKENIZER_FILES
+
+    torch.manual_seed(0)
+    sizes = dict(vocab_size=262144, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                 num_attention_heads=4, num_key_value_heads=1, head_dim=16, max_position_embeddings=512,
+                 pad_token_id=0, bos_token_id=2, eos_token_id=1)
+    if family == "gemma2":
+        config = Gemma2Config(**sizes, query_pre_attn_scalar=16, sliding_window=64, attn_logit_softcapping=50.0,
+                              final_logit_softcapping=30.0)
+        model = Gemma2ForCausalLM(config)
+    else:
+        model = GemmaForCausalLM(GemmaConfig(**sizes))
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if name.endswith("norm.weight"):
+                param.uniform_(-0.5, 0.5)
+    model.save_pretrained(target)
+    for name in TOKENIZER_FILES:
+        if (tokenizer_dir / name).is_file():
+            shutil.copy(tokenizer_dir / name, target / name)
+    return target
+
+
+@pytest.mark.parametrize("family", ["gemma", "gemma2"])
+def test_gemma_1_and_2_round_trip_through_llama_cpp(family: str, tmp_path: Path, embedded_model, tokenizer) -> None:
+    from transformers import AutoModelForCausalLM
+
+    checkpoint = build_tiny(family, tmp_path / family, embedded_model.path)
+    path = write_gguf(checkpoint, tmp_path / f"{family}-f32.gguf", "f32")
+    reader = gguf.GGUFReader(path)
+    assert reader.fields["general.architecture"].contents() == family
+    model = AutoModelForCausalLM.from_pretrained(checkpoint, dtype=torch.float32, attn_implementation="eager").eval()
+    tokens = tokenizer(PROMPT).input_ids
+    with torch.no_grad():
+        want = model(torch.tensor([tokens])).logits[0].numpy()
+    assert relative_error(load(path, logits_all=True), tokens, want) < 2e-3

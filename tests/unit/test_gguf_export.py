@@ -279,11 +279,11 @@ def test_missing_config_and_weights_name_the_path(tiny_gemma3_dir, tmp_path):
 
 
 def test_unsupported_model_type_is_a_user_error(tiny_gemma3_dir, tmp_path):
-    model_dir = tmp_path / "gemma2"
+    model_dir = tmp_path / "checkpoint"
     model_dir.mkdir()
     config = json.loads((tiny_gemma3_dir / "config.json").read_text())
-    (model_dir / "config.json").write_text(json.dumps(dict(config, model_type="gemma2")))
-    with pytest.raises(UserError, match="gemma2"):
+    (model_dir / "config.json").write_text(json.dumps(dict(config, model_type="gemma4_text")))
+    with pytest.raises(UserError, match="GGUF export does not support model_type 'gemma4_text' yet; supported: gemma,"):
         write_gguf(model_dir, tmp_path / "x.gguf", "f16")
 
 

@@ -1,0 +1,81 @@
+"""PEFT LoRA adapter -> a GGUF LoRA adapter that llama.cpp (and Ollama's ADAPTER) applies to the base GGUF.
+
+Written as llama.cpp's `convert_lora_to_gguf.py` writes it: general.type "adapter", adapter.type "lora",
+adapter.lora.alpha, and for each adapted weight `<gguf name>.lora_a` (r x in) and `.lora_b` (out x r) in
+f16. llama.cpp scales by alpha / r; an rsLoRA adapter (alpha / sqrt(r)) is written with alpha * sqrt(r),
+which gives the same scale. DoRA, fully trained modules and trained token rows have no GGUF adapter form:
+those runs are merged instead.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import uuid
+from pathlib import Path
+
+import gguf
+import numpy as np
+from safetensors import safe_open
+
+from gemmaforge.errors import UserError
+from gemmaforge.families import Family
+
+_PREFIX = "base_model.model."
+
+
+def write_adapter_gguf(adapter_dir: Path, out_path: Path, family: Family, n_layers: int) -> Path:
+    config = json.loads((adapter_dir / "adapter_config.json").read_text(encoding="utf-8"))
+    _check_supported(config, adapter_dir)
+    arch = next(a for a, n in gguf.MODEL_ARCH_NAMES.items() if n == family.gguf_arch)
+    name_map = gguf.get_tensor_name_map(arch, n_layers)
+    pairs: dict[str, dict[str, np.ndarray]] = {}
+    with safe_open(adapter_dir / "adapter_model.safetensors", framework="pt") as f:
+        for key in f.keys():  # noqa: SIM118 (safe_open handles are not iterable)
+            for part, suffix in (("lora_a", ".lora_A.weight"), ("lora_b", ".lora_B.weight")):
+                if key.endswith(suffix):
+                    base = key.removeprefix(_PREFIX).removesuffix(suffix) + ".weight"
+                    pairs.setdefault(base, {})[part] = f.get_tensor(key).float().numpy()
+    if not pairs:
+        raise UserError(f"{adapter_dir}: no LoRA weights (lora_A / lora_B) in adapter_model.safetensors")
+    r = config["r"]
+    alpha = config["lora_alpha"] * (math.sqrt(r) if config.get("use_rslora") else 1.0)
+
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out_path.with_name(f".{out_path.name}.{uuid.uuid4().hex[:12]}.tmp")
+    writer = gguf.GGUFWriter(tmp, family.gguf_arch)
+    try:
+        writer.add_type(gguf.GGUFType.ADAPTER)
+        writer.add_string(gguf.Keys.Adapter.TYPE, "lora")
+        writer.add_float32(gguf.Keys.Adapter.LORA_ALPHA, float(alpha))
+        for base, parts in sorted(pairs.items()):
+            gguf_name = name_map.get_name(base, try_suffixes=(".weight",))
+            if gguf_name is None:
+                raise UserError(f"{adapter_dir}: adapted weight {base} has no GGUF name for {family.gguf_arch}")
+            for part in ("lora_a", "lora_b"):
+                writer.add_tensor(f"{gguf_name}.{part}", parts[part].astype(np.float16))
+        writer.write_header_to_file()
+        writer.write_kv_data_to_file()
+        writer.write_tensors_to_file()
+        writer.close()
+        os.replace(tmp, out_path)
+    except BaseException:
+        writer.close()
+        tmp.unlink(missing_ok=True)
+        raise
+    return out_path
+
+
+def _check_supported(config: dict, adapter_dir: Path) -> None:
+    merge_instead = f"export the merged model instead (`gemmaforge merge {adapter_dir.parent}`, then `export gguf`)"
+    if config.get("use_dora"):
+        raise UserError(f"{adapter_dir} is a DoRA adapter, which llama.cpp cannot apply as an adapter: {merge_instead}")
+    if config.get("modules_to_save"):
+        raise UserError(f"{adapter_dir} trains whole modules ({', '.join(config['modules_to_save'])}), which a GGUF "
+                        f"adapter cannot carry: {merge_instead}")
+    if config.get("trainable_token_indices"):
+        raise UserError(
+            f"{adapter_dir} trains the chat-marker embedding rows (lora.train_template_tokens), which a GGUF "
+            f"adapter cannot carry: {merge_instead}, or train with lora.train_template_tokens: false"
+        )

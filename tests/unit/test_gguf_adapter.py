@@ -1,0 +1,67 @@
+"""The LoRA adapter as a GGUF adapter: llama.cpp applies it to the base GGUF and computes the merged model."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from gemmaforge.cli import main
+from gemmaforge.errors import UserError
+from gemmaforge.export.gguf import write_gguf
+from gemmaforge.export.gguf_adapter import write_adapter_gguf
+from gemmaforge.families import FAMILIES
+from tests.helpers import write_config
+
+
+def test_llama_cpp_with_the_adapter_gguf_computes_the_merged_model(tmp_path: Path, tiny_gemma3_dir: Path) -> None:
+    llama_cpp = pytest.importorskip("llama_cpp")
+    import gguf
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    config = write_config(tmp_path, tiny_gemma3_dir, max_steps=2, save_steps=2)
+    assert main(["train", str(config), "lora.train_template_tokens=false", "lora.use_rslora=true"]) == 0
+    run = tmp_path / "run"
+    assert main(["export", "gguf", str(run), "--adapter"]) == 0
+    assert main(["merge", str(run)]) == 0
+    reader = gguf.GGUFReader(run / "gguf" / "adapter-f16.gguf")
+    assert reader.fields["adapter.type"].contents() == "lora"
+    assert reader.fields["adapter.lora.alpha"].contents() == pytest.approx(8 * 2.0)  # rsLoRA: alpha * sqrt(r=4)
+    assert len(reader.tensors) == 2 * 4 * 2  # 2 layers x q/k/v/o x (lora_a, lora_b)
+
+    base = write_gguf(tiny_gemma3_dir, tmp_path / "base-f32.gguf", "f32")
+    tokenizer = AutoTokenizer.from_pretrained(run / "merged")
+    tokens = tokenizer("<start_of_turn>user\nWhat is a flat white?<end_of_turn>\n<start_of_turn>model\n").input_ids
+    merged = AutoModelForCausalLM.from_pretrained(run / "merged", dtype=torch.float32).eval()
+    with torch.no_grad():
+        want = merged(torch.tensor([tokens])).logits[0].numpy()
+        base_logits = AutoModelForCausalLM.from_pretrained(tiny_gemma3_dir, dtype=torch.float32)(
+            torch.tensor([tokens])).logits[0].numpy()
+    llm = llama_cpp.Llama(model_path=str(base), lora_path=str(run / "gguf" / "adapter-f16.gguf"), n_ctx=128,
+                          n_threads=2, logits_all=True, verbose=False)
+    llm.eval(tokens)
+    got = np.asarray(llm.scores[: len(tokens)])
+    error = np.linalg.norm(got - want) / np.linalg.norm(want)
+    assert error < 5e-3, error
+    # the adapter matters: the base alone is much further from the merged model than that
+    assert np.linalg.norm(base_logits - want) / np.linalg.norm(want) > 10 * error
+
+
+@pytest.mark.parametrize(
+    ("change", "expected"),
+    [
+        ({"use_dora": True}, "is a DoRA adapter, which llama.cpp cannot apply as an adapter"),
+        ({"modules_to_save": ["lm_head"]}, "trains whole modules (lm_head)"),
+        ({"trainable_token_indices": [105, 106]}, "or train with lora.train_template_tokens: false"),
+    ],
+)
+def test_adapters_without_a_gguf_form_are_refused(tmp_path: Path, change: dict, expected: str) -> None:
+    adapter = tmp_path / "adapter"
+    adapter.mkdir()
+    (adapter / "adapter_config.json").write_text(json.dumps({"r": 8, "lora_alpha": 16, **change}))
+    with pytest.raises(UserError, match="export the merged model instead") as info:
+        write_adapter_gguf(adapter, tmp_path / "adapter-f16.gguf", FAMILIES["gemma3"], 2)
+    assert expected in str(info.value) and not (tmp_path / "adapter-f16.gguf").exists()
