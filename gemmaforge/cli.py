@@ -91,6 +91,14 @@ def build_parser() -> argparse.ArgumentParser:
         "and mean KL per file, into gguf/verify.json. Fails when f16 agrees on fewer than 99% of positions.",
     )
     p.add_argument("run_dir", type=Path)
+    p = targets.add_parser(
+        "vllm", help="Write RUN_DIR/vllm/serve.sh: `vllm serve` on the merged model (or base + adapter).",
+        description="Write RUN_DIR/vllm/serve.sh with the `vllm serve` command for the merged model, or with "
+        "--adapter for the base model plus the PEFT adapter (checked against vLLM's LoRA limits: rank, no DoRA, "
+        "no modules_to_save, no trained token rows).",
+    )
+    p.add_argument("run_dir", type=Path)
+    p.add_argument("--adapter", action="store_true", help="serve base + LoRA adapter (--enable-lora) instead of merged/")
     p = targets.add_parser("ollama", help="Write RUN_DIR/ollama/Modelfile pointing at the run's GGUF.")
     p.add_argument("run_dir", type=Path)
     p.add_argument("--create", action="store_true", help="also run `ollama create NAME -f Modelfile`")
@@ -243,6 +251,8 @@ def dispatch(args: argparse.Namespace) -> None:
             pipeline.stage_export_gguf(run, config, base, args.quant or list(config.export.gguf), args.output)
         elif args.target == "verify":
             pipeline.stage_export_verify(run, base)
+        elif args.target == "vllm":
+            pipeline.stage_export_vllm(run, config, base, adapter=args.adapter)
         else:
             pipeline.stage_export_ollama(run, config, base, create=args.create)
 

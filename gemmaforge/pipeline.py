@@ -118,6 +118,25 @@ def stage_export_adapter(run: RunDir, base: ResolvedModel) -> None:
     console.print(f"[bold]export gguf[/]: {path} (apply it to the base model's GGUF: llama.cpp --lora, Ollama ADAPTER)")
 
 
+def stage_export_vllm(run: RunDir, config: RunConfig, base: ResolvedModel, adapter: bool) -> None:
+    from gemmaforge.export.ollama import ollama_model_name
+    from gemmaforge.export.vllm import vllm_command, write_vllm_script
+
+    with run.stage("export_vllm") as record:
+        command = vllm_command(run, ollama_model_name(config), base_reference_for_serving(base),
+                               config.export.ollama.num_ctx, adapter)
+        script = write_vllm_script(run, command)
+        record.update(script=str(script), adapter=adapter)
+    console.print(f"[bold]export vllm[/]: {script}\n  {' '.join(command)}")
+
+
+def base_reference_for_serving(base: ResolvedModel) -> str:
+    """A hub id as the user gave it (vLLM downloads it); otherwise the local HF folder (for the embedded
+    model and a .gguf base: the converted copy)."""
+    is_hub_id = "/" in base.reference and not Path(base.reference).expanduser().exists()
+    return base.reference if is_hub_id else str(base.path.resolve())
+
+
 def export_checkpoint_gguf(checkpoint: Path, quants: list[str], output: Path | None) -> None:
     """Convert a Hugging Face Gemma folder that was not trained here (its own chat template is kept)."""
     from gemmaforge.export.gguf import write_gguf
