@@ -102,6 +102,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = targets.add_parser("ollama", help="Write RUN_DIR/ollama/Modelfile pointing at the run's GGUF.")
     p.add_argument("run_dir", type=Path)
     p.add_argument("--create", action="store_true", help="also run `ollama create NAME -f Modelfile`")
+    p.add_argument("--adapter", action="store_true",
+                   help="FROM the base GGUF plus ADAPTER (after `export gguf --adapter`) instead of the merged GGUF")
     return parser
 
 
@@ -254,7 +256,7 @@ def dispatch(args: argparse.Namespace) -> None:
         elif args.target == "vllm":
             pipeline.stage_export_vllm(run, config, base, adapter=args.adapter)
         else:
-            pipeline.stage_export_ollama(run, config, base, create=args.create)
+            pipeline.stage_export_ollama(run, config, base, create=args.create, adapter=args.adapter)
 
 
 def is_checkpoint(path: Path) -> bool:

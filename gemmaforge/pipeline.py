@@ -105,17 +105,23 @@ def stage_export_gguf(run: RunDir, config: RunConfig, base: ResolvedModel, quant
 
 
 def stage_export_adapter(run: RunDir, base: ResolvedModel) -> None:
+    """gguf/adapter-f16.gguf, and the base model as gguf/base-f16.gguf for it to apply to."""
     import json
 
+    from gemmaforge.export.gguf import write_gguf
     from gemmaforge.export.gguf_adapter import write_adapter_gguf
+    from gemmaforge.export.ollama import ADAPTER_GGUF, BASE_GGUF
+    from gemmaforge.templates import hf_chat_template
 
     adapter = run.require(run.adapter_dir / "adapter_config.json", "train").parent
     n_layers = json.loads((base.path / "config.json").read_text(encoding="utf-8"))
     n_layers = n_layers.get("text_config", n_layers)["num_hidden_layers"]
     with run.stage("export_adapter") as record:
-        path = write_adapter_gguf(adapter, run.gguf_dir / "adapter-f16.gguf", base.family, n_layers)
-        record.update(path=str(path), bytes=path.stat().st_size)
-    console.print(f"[bold]export gguf[/]: {path} (apply it to the base model's GGUF: llama.cpp --lora, Ollama ADAPTER)")
+        path = write_adapter_gguf(adapter, run.gguf_dir / ADAPTER_GGUF, base.family, n_layers)
+        base_gguf = write_gguf(base.path, run.gguf_dir / BASE_GGUF, "f16", chat_template=hf_chat_template(base.family))
+        record.update(adapter=str(path), base=str(base_gguf))
+    console.print(f"[bold]export gguf[/]: {path} on {base_gguf} (llama.cpp --lora; `export ollama --adapter` "
+                  "writes a Modelfile with FROM base and ADAPTER)")
 
 
 def stage_export_vllm(run: RunDir, config: RunConfig, base: ResolvedModel, adapter: bool) -> None:
@@ -169,11 +175,12 @@ def stage_export_verify(run: RunDir, base: ResolvedModel) -> None:
                       f"{r['bytes'] / 2**20:,.0f} MiB  {r['tensors']} tensors, {r['keys']} keys read back")
 
 
-def stage_export_ollama(run: RunDir, config: RunConfig, base: ResolvedModel, create: bool = False) -> None:
+def stage_export_ollama(run: RunDir, config: RunConfig, base: ResolvedModel, create: bool = False,
+                        adapter: bool = False) -> None:
     from gemmaforge.export.ollama import ollama_create, ollama_model_name, write_modelfile
 
     with run.stage("export_ollama") as record:
-        modelfile = write_modelfile(run, config, base.family)
+        modelfile = write_modelfile(run, config, base.family, adapter=adapter)
         record.update(modelfile=str(modelfile), name=ollama_model_name(config))
         if create:
             ollama_create(modelfile, ollama_model_name(config))

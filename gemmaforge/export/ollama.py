@@ -29,12 +29,13 @@ def pick_gguf(run: RunDir, config: RunConfig) -> Path:
     return run.require(run.gguf_path(quant), "export gguf")
 
 
-def render_modelfile(gguf_relpath: str, family: Family, config: RunConfig) -> str:
+def render_modelfile(gguf_relpath: str, family: Family, config: RunConfig, adapter_relpath: str | None = None) -> str:
     o = config.export.ollama
     lines = [
         f"# Ollama Modelfile written by gemmaforge for {config.output_dir}",
         f"# Create the model:  ollama create {ollama_model_name(config)} -f Modelfile",
         f"FROM {gguf_relpath}",
+        *([f"ADAPTER {adapter_relpath}"] if adapter_relpath else []),
         f'TEMPLATE """{ollama_template(family)}"""',
     ]
     # The system prompt the model was trained with, unless the export names another one.
@@ -52,12 +53,23 @@ def render_modelfile(gguf_relpath: str, family: Family, config: RunConfig) -> st
     return "\n".join(lines) + "\n"
 
 
-def write_modelfile(run: RunDir, config: RunConfig, family: Family) -> Path:
-    gguf = pick_gguf(run, config)
+def write_modelfile(run: RunDir, config: RunConfig, family: Family, adapter: bool = False) -> Path:
+    """FROM the merged GGUF; with `adapter`, FROM the base GGUF plus ADAPTER (`export gguf --adapter`)."""
+    if adapter:
+        gguf = run.require(run.gguf_dir / BASE_GGUF, "export gguf --adapter")
+        lora = run.require(run.gguf_dir / ADAPTER_GGUF, "export gguf --adapter")
+    else:
+        gguf, lora = pick_gguf(run, config), None
     path = run.ollama_dir / "Modelfile"
-    relpath = Path("..") / gguf.relative_to(run.root)
-    atomic_write_text(path, render_modelfile(relpath.as_posix(), family, config))
+
+    def relative(file: Path) -> str:
+        return (Path("..") / file.relative_to(run.root)).as_posix()
+
+    atomic_write_text(path, render_modelfile(relative(gguf), family, config, relative(lora) if lora else None))
     return path
+
+
+BASE_GGUF, ADAPTER_GGUF = "base-f16.gguf", "adapter-f16.gguf"  # what `export gguf --adapter` writes
 
 
 def ollama_create(modelfile: Path, name: str) -> None:

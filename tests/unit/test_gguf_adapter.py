@@ -31,6 +31,11 @@ def test_llama_cpp_with_the_adapter_gguf_computes_the_merged_model(tmp_path: Pat
     assert reader.fields["adapter.type"].contents() == "lora"
     assert reader.fields["adapter.lora.alpha"].contents() == pytest.approx(8 * 2.0)  # rsLoRA: alpha * sqrt(r=4)
     assert len(reader.tensors) == 2 * 4 * 2  # 2 layers x q/k/v/o x (lora_a, lora_b)
+    assert gguf.GGUFReader(run / "gguf" / "base-f16.gguf").fields["general.file_type"].contents() == 1
+
+    assert main(["export", "ollama", str(run), "--adapter"]) == 0
+    modelfile = (run / "ollama" / "Modelfile").read_text()
+    assert "\nFROM ../gguf/base-f16.gguf\nADAPTER ../gguf/adapter-f16.gguf\nTEMPLATE " in modelfile
 
     base = write_gguf(tiny_gemma3_dir, tmp_path / "base-f32.gguf", "f32")
     tokenizer = AutoTokenizer.from_pretrained(run / "merged")
@@ -65,3 +70,13 @@ def test_adapters_without_a_gguf_form_are_refused(tmp_path: Path, change: dict, 
     with pytest.raises(UserError, match="export the merged model instead") as info:
         write_adapter_gguf(adapter, tmp_path / "adapter-f16.gguf", FAMILIES["gemma3"], 2)
     assert expected in str(info.value) and not (tmp_path / "adapter-f16.gguf").exists()
+
+
+def test_modelfile_with_adapter_needs_the_adapter_export(tmp_path: Path, tiny_gemma3_dir: Path,
+                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    from gemmaforge.config import load_config
+    from gemmaforge.runs import RunDir
+
+    RunDir.create(load_config(write_config(tmp_path, tiny_gemma3_dir)))
+    assert main(["export", "ollama", str(tmp_path / "run"), "--adapter"]) == 2
+    assert "base-f16.gguf is missing: run `gemmaforge export gguf --adapter" in " ".join(capsys.readouterr().err.split())
