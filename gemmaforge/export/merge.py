@@ -19,8 +19,10 @@ def merge(run: RunDir, base: ResolvedModel) -> dict[str, Any]:
     from peft import PeftModel
 
     adapter = run.require(run.adapter_dir / "adapter_config.json", "train").parent
+    # Always a full-precision reload of the base (a QLoRA run never merges into 4-bit weights); the sum
+    # is taken in fp32 and stored in the base's own dtype.
     model = load_causal_lm(base.path, base.family, torch.float32)
-    model = PeftModel.from_pretrained(model, adapter).merge_and_unload()
+    model = PeftModel.from_pretrained(model, adapter).merge_and_unload().to(base_dtype(base.path))
     tokenizer = load_tokenizer(adapter)
     tokenizer.chat_template = hf_chat_template(base.family)
     # Generation stops at the end-of-turn marker as well as <eos>, as it does in Ollama.
@@ -31,7 +33,17 @@ def merge(run: RunDir, base: ResolvedModel) -> dict[str, Any]:
         model.save_pretrained(tmp, safe_serialization=True)
         tokenizer.save_pretrained(tmp)
         _clean_config(tmp / "config.json")
-    return {"path": str(run.merged_dir), "parameters": sum(p.numel() for p in model.parameters())}
+    return {"path": str(run.merged_dir), "dtype": str(model.dtype).removeprefix("torch."),
+            "parameters": sum(p.numel() for p in model.parameters())}
+
+
+def base_dtype(model_dir: Path) -> Any:
+    """The dtype the base checkpoint is stored in (config `dtype`, or `torch_dtype` before transformers 5)."""
+    import torch
+
+    config = json.loads((model_dir / "config.json").read_text(encoding="utf-8"))
+    name = config.get("dtype") or config.get("torch_dtype") or "float32"
+    return {"bfloat16": torch.bfloat16, "float16": torch.float16}.get(name, torch.float32)
 
 
 def _clean_config(path: Path) -> None:

@@ -152,3 +152,43 @@ def test_export_verify_fails_on_an_f16_file_of_another_model(tiny_run: tuple[Pat
         assert "top-1 agreement with the merged model is" in capsys.readouterr().err
     finally:
         (run / "gguf" / "model-f16.gguf").write_bytes(original)
+
+
+def test_a_bf16_base_merges_into_bf16_weights(tmp_path: Path, tiny_gemma3_dir: Path) -> None:
+    """The merge adds in fp32 and stores the base's own dtype (half the size of fp32 for a bf16 base)."""
+    import shutil
+
+    from transformers import AutoModelForCausalLM
+
+    base = tmp_path / "bf16-base"
+    AutoModelForCausalLM.from_pretrained(tiny_gemma3_dir, dtype=torch.bfloat16).save_pretrained(base)
+    for name in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "special_tokens_map.json"):
+        if (tiny_gemma3_dir / name).is_file():
+            shutil.copy(tiny_gemma3_dir / name, base / name)
+    config = write_config(tmp_path, base, max_steps=1, save_steps=1, eval_strategy="no")
+    assert main(["train", str(config), "eval.enabled=false"]) == 0
+    assert main(["merge", str(tmp_path / "run")]) == 0
+    merged = load_file(tmp_path / "run" / "merged" / "model.safetensors")
+    assert {t.dtype for t in merged.values()} == {torch.bfloat16}
+    assert json.loads((tmp_path / "run" / "manifest.json").read_text())["stages"]["merge"]["dtype"] == "bfloat16"
+
+
+@pytest.mark.parametrize("variant", ["use_rslora", "use_dora"])
+def test_rslora_and_dora_merge_into_what_the_adapter_computes(tmp_path: Path, tiny_gemma3_dir: Path,
+                                                              variant: str) -> None:
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    config = write_config(tmp_path, tiny_gemma3_dir, max_steps=2, save_steps=2, eval_strategy="no")
+    assert main(["train", str(config), f"lora.{variant}=true", "eval.enabled=false"]) == 0
+    run = tmp_path / "run"
+    assert json.loads((run / "adapter" / "adapter_config.json").read_text())[variant] is True
+    assert main(["merge", str(run)]) == 0
+    ids = torch.tensor([[2, 105, 2364, 107, 9259, 106, 107, 105, 4368, 107]])
+    adapted = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(tiny_gemma3_dir), run / "adapter").eval()
+    merged = AutoModelForCausalLM.from_pretrained(run / "merged").eval()
+    with torch.no_grad():
+        want, got = adapted(ids).logits, merged(ids).logits
+        base = AutoModelForCausalLM.from_pretrained(tiny_gemma3_dir)(ids).logits
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+    assert (want - base).abs().max() > 1e-3  # the adapter changed the model
