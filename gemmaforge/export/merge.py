@@ -10,6 +10,9 @@ from gemmaforge.models import ResolvedModel, load_causal_lm, load_tokenizer
 from gemmaforge.runs import RunDir, atomic_dir
 from gemmaforge.templates import hf_chat_template
 
+# Shards of the size Hub checkpoints use (transformers 5 would write up to 50 GB files, which many
+# tools and file systems handle badly); readers find them through model.safetensors.index.json.
+MAX_SHARD = "5GB"
 # Keys that describe how a checkpoint was loaded, not the model; converters choke on some of them.
 _LOAD_TIME_CONFIG_KEYS = ("quantization_config", "_name_or_path")
 
@@ -30,7 +33,7 @@ def merge(run: RunDir, base: ResolvedModel) -> dict[str, Any]:
     model.generation_config.eos_token_id = sorted(set(stop_ids))
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     with atomic_dir(run.merged_dir) as tmp:
-        model.save_pretrained(tmp, safe_serialization=True)
+        model.save_pretrained(tmp, max_shard_size=MAX_SHARD)
         tokenizer.save_pretrained(tmp)
         _clean_config(tmp / "config.json")
     return {"path": str(run.merged_dir), "dtype": str(model.dtype).removeprefix("torch."),

@@ -340,3 +340,19 @@ def test_a_disk_without_room_is_refused_before_writing(tiny_gemma3_dir: Path, tm
     with pytest.raises(UserError, match=r"0\.01 GiB free, the GGUF file needs 0\.\d\d GiB"):
         write_gguf(tiny_gemma3_dir, tmp_path / "tiny-f16.gguf", "f16")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_sharded_checkpoint_exports_like_a_single_file(tiny_gemma3_dir: Path, tmp_path: Path) -> None:
+    from transformers import AutoModelForCausalLM
+
+    sharded = tmp_path / "sharded"
+    AutoModelForCausalLM.from_pretrained(tiny_gemma3_dir).save_pretrained(sharded, max_shard_size="10MB")
+    for name in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "special_tokens_map.json"):
+        if (tiny_gemma3_dir / name).is_file():
+            shutil.copy(tiny_gemma3_dir / name, sharded / name)
+    assert len(list(sharded.glob("model-*.safetensors"))) > 1 and (sharded / "model.safetensors.index.json").is_file()
+    one = gguf.GGUFReader(write_gguf(tiny_gemma3_dir, tmp_path / "one.gguf", "f16"))
+    many = gguf.GGUFReader(write_gguf(sharded, tmp_path / "many.gguf", "f16"))
+    assert [t.name for t in one.tensors] == [t.name for t in many.tensors]
+    for a, b in zip(one.tensors, many.tensors):
+        assert np.array_equal(np.asarray(a.data), np.asarray(b.data)), a.name
