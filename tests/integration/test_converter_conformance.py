@@ -1,0 +1,77 @@
+"""Our f16 GGUF against llama.cpp's own `convert_hf_to_gguf.py` on the same tiny Gemma 3 checkpoint.
+
+The converter comes from the llama-cpp-python sdist of the installed version (fetched through pip, from
+its cache when the package was built from source). Hyperparameters and every tensor must be identical.
+The vocabulary differs by design: for a checkpoint with only tokenizer.json the converter falls back to
+a BPE ("gpt2") vocabulary with a guessed pre-tokenizer, while gemmaforge writes the SentencePiece form of
+Google's own Gemma GGUF files (whose token texts and types it takes from tokenizer.json).
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import tarfile
+from importlib import metadata
+from pathlib import Path
+
+import gguf
+import numpy as np
+import pytest
+
+from gemmaforge.export.gguf import write_gguf
+
+pytestmark = pytest.mark.integration
+# The keys allowed to differ, and why: see the module docstring (vocabulary) and general.name (ours is
+# the folder name, the converter's a title-cased one).
+VOCABULARY_KEYS = {"tokenizer.ggml.model", "tokenizer.ggml.pre", "tokenizer.ggml.tokens", "tokenizer.ggml.token_type",
+                   "tokenizer.ggml.scores", "tokenizer.ggml.merges", "tokenizer.ggml.add_eos_token",
+                   "tokenizer.ggml.add_space_prefix"}
+ALLOWED = VOCABULARY_KEYS | {"general.name", "GGUF.kv_count"}
+
+
+@pytest.fixture(scope="module")
+def converter(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The llama.cpp folder of the installed llama-cpp-python's sdist (converter, conversion/, gguf-py)."""
+    try:
+        version = metadata.version("llama-cpp-python")
+    except metadata.PackageNotFoundError:
+        pytest.skip("llama-cpp-python is not installed")
+    out = tmp_path_factory.mktemp("sdist")
+    proc = subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--no-binary", ":all:",
+                           f"llama-cpp-python=={version}", "-d", str(out)], capture_output=True, text=True)
+    if proc.returncode != 0:
+        pytest.skip(f"the llama-cpp-python {version} sdist could not be fetched: {proc.stderr[-300:]}")
+    (archive,) = out.glob("*.tar.gz")
+    root = f"llama_cpp_python-{version}/vendor/llama.cpp/"
+    wanted = (root + "convert_hf_to_gguf.py", root + "conversion/", root + "gguf-py/")
+    with tarfile.open(archive) as tar:
+        members = [m for m in tar.getmembers() if m.name.startswith(wanted)]
+        tar.extractall(out, members=members, filter="data")
+    return out / root
+
+
+def test_f16_equals_llama_cpps_converter(converter: Path, tiny_gemma3_dir: Path, tmp_path: Path) -> None:
+    reference = tmp_path / "reference-f16.gguf"
+    proc = subprocess.run(
+        [sys.executable, "convert_hf_to_gguf.py", str(tiny_gemma3_dir), "--outtype", "f16", "--outfile", str(reference)],
+        cwd=converter, env={"PYTHONPATH": str(converter / "gguf-py"), "PATH": "/usr/bin:/bin"},
+        capture_output=True, text=True,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    ours = gguf.GGUFReader(write_gguf(tiny_gemma3_dir, tmp_path / "ours-f16.gguf", "f16"))
+    theirs = gguf.GGUFReader(reference)
+
+    keys = set(ours.fields) | set(theirs.fields)
+    differing = {k for k in keys if k not in ours.fields or k not in theirs.fields
+                 or ours.fields[k].contents() != theirs.fields[k].contents()}
+    assert differing <= ALLOWED, sorted(differing - ALLOWED)
+    assert any(k.startswith("gemma3.") for k in set(ours.fields) - differing)  # the hyperparameters were compared
+
+    ours_tensors = {t.name: t for t in ours.tensors}
+    theirs_tensors = {t.name: t for t in theirs.tensors}
+    assert list(ours_tensors) == list(theirs_tensors)
+    for name, t in ours_tensors.items():
+        other = theirs_tensors[name]
+        assert (t.tensor_type, list(t.shape)) == (other.tensor_type, list(other.shape)), name
+        assert np.array_equal(np.asarray(t.data), np.asarray(other.data)), name
