@@ -44,7 +44,7 @@ def _fmt(value: Any) -> str:
     return f"{value}"
 
 
-def _change(key: str, base: Any, tuned: Any, higher_better: bool | None) -> str:
+def _change(base: Any, tuned: Any, higher_better: bool | None) -> str:
     if base is None or tuned is None or higher_better is None or base == tuned:
         return ""
     better = (tuned > base) == higher_better
@@ -53,11 +53,11 @@ def _change(key: str, base: Any, tuned: Any, higher_better: bool | None) -> str:
 
 def summary_rows(results: dict[str, Any]) -> list[tuple[str, str, str, str]]:
     base, tuned = results["base"], results["tuned"]
-    rows = [(label, _fmt(base.get(key)), _fmt(tuned.get(key)), _change(key, base.get(key), tuned.get(key), hb))
+    rows = [(label, _fmt(base.get(key)), _fmt(tuned.get(key)), _change(base.get(key), tuned.get(key), hb))
             for key, label, hb in SUMMARY_ROWS]
     for name in tuned["check_pass_rates"]:
         b, t = base["check_pass_rates"].get(name), tuned["check_pass_rates"][name]
-        rows.append((f"check `{name}` pass rate", _fmt(b), _fmt(t), _change(name, b, t, True)))
+        rows.append((f"check `{name}` pass rate", _fmt(b), _fmt(t), _change(b, t, True)))
     return rows
 
 
@@ -90,7 +90,7 @@ def markdown(results: dict[str, Any]) -> str:
         lines += ["No regression against the base model beyond the configured tolerances.", ""]
     if results["agreement"]:
         a = results["agreement"]
-        lines += [f"## GGUF against the merged model", "",
+        lines += ["## GGUF against the merged model", "",
                   f"`{a['gguf']}` gave the merged model's exact answer in {_fmt(a['exact_match'])} of the cases "
                   f"(ROUGE-L between the two: {_fmt(a['rouge_l'])}).", ""]
     lines += ["## Cases", "", "| case | prompt | checks | base answer | tuned answer |", "|---|---|---|---|---|"]
