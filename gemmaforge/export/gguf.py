@@ -1,6 +1,6 @@
 """Merged Hugging Face Gemma directory -> one GGUF file that llama.cpp and Ollama load.
 
-Follows llama.cpp's own converter (`convert_hf_to_gguf.py`: GemmaModel, Gemma2Model, Gemma3Model) for keys,
+Follows llama.cpp's own converter (`convert_hf_to_gguf.py`: Gemma, Gemma2, Gemma3, Gemma4Model) for keys,
 tensor names and per-tensor types, but streams: the tensor table is planned from the safetensors
 headers first, then each tensor is loaded, converted and written on its own, so peak memory is
 about one tensor (the 262k-row embedding) rather than the model. The file appears at `out_path`
@@ -119,11 +119,70 @@ def _gemma3_hparams(w: gguf.GGUFWriter, cfg: dict[str, Any]) -> None:
         w.add_final_logit_softcapping(cfg["final_logit_softcapping"])
 
 
-# HF model_type -> its hyperparameter writer. gemma4 goes here once supported.
+def _gemma4_full_layer(cfg: dict[str, Any], key: str) -> Any:
+    """A full-attention layer's own value of `key`: `global_<key>`, or the per-layer override that
+    transformers 5 writes (`per_layer_config`), or None when full and sliding layers share it."""
+    if cfg.get(f"global_{key}") is not None:
+        return cfg[f"global_{key}"]
+    for index, override in sorted((cfg.get("per_layer_config") or {}).items(), key=lambda kv: int(kv[0])):
+        if cfg["layer_types"][int(index)] == "full_attention" and key in override:
+            return override[key]
+    return None
+
+
+def _gemma4_head_dims(cfg: dict[str, Any]) -> tuple[int, int]:
+    """(full-attention head dim, sliding-window head dim)."""
+    return _gemma4_full_layer(cfg, "head_dim") or cfg["head_dim"], cfg["head_dim"]
+
+
+def _gemma4_hparams(w: gguf.GGUFWriter, cfg: dict[str, Any]) -> None:
+    """What llama.cpp's Gemma4Model writes: Gemma 3's keys with the full-attention head size, plus shared KV
+    layers, per-layer input embeddings, the layer pattern and both head sizes and RoPE widths."""
+    full_dim, swa_dim = _gemma4_head_dims(cfg)
+    layer_types = cfg["layer_types"]
+    swa = [t == "sliding_attention" for t in layer_types]
+    kv_full = cfg.get("num_global_key_value_heads") or _gemma4_full_layer(cfg, "num_key_value_heads")
+    core = {**_GEMMA3_DEFAULTS, **cfg, "head_dim": full_dim}
+    if kv_full is not None:  # a count per layer: sliding and full layers differ
+        core["num_key_value_heads"] = [cfg["num_key_value_heads"] if s else kv_full for s in swa]
+    if cfg.get("use_double_wide_mlp"):
+        first_shared = cfg["num_hidden_layers"] - cfg["num_kv_shared_layers"]
+        n_ff = cfg["intermediate_size"]
+        core["intermediate_size"] = [n_ff if i < first_shared else 2 * n_ff for i in range(cfg["num_hidden_layers"])]
+    _core_hparams(w, core)
+    full, sliding = _rope_parameters(cfg)
+    w.add_rope_freq_base(full.get("rope_theta") or 1_000_000.0)
+    if sliding.get("rope_theta") is not None:
+        w.add_rope_freq_base_swa(sliding["rope_theta"])
+    if cfg.get("final_logit_softcapping"):
+        w.add_final_logit_softcapping(cfg["final_logit_softcapping"])
+    w.add_sliding_window(cfg["sliding_window"])
+    w.add_shared_kv_layers(cfg["num_kv_shared_layers"])
+    w.add_embedding_length_per_layer_input(cfg.get("hidden_size_per_layer_input") or 0)
+    w.add_sliding_window_pattern(swa)
+    w.add_key_length_swa(swa_dim)
+    w.add_value_length_swa(swa_dim)
+    w.add_rope_dimension_count(full_dim)  # "proportional" RoPE: the unrotated part is in rope_freqs
+    w.add_rope_dimension_count_swa(int(swa_dim * sliding.get("partial_rotary_factor", 1.0)))
+
+
+def _gemma4_rope_freqs(cfg: dict[str, Any]) -> np.ndarray:
+    """Frequency factors of the full-attention layers' proportional RoPE: 1 for the rotated pairs, 1e30
+    (no rotation) for the rest, as llama.cpp's converter writes them."""
+    full, _ = _rope_parameters(cfg)
+    if full.get("rope_type") != "proportional":
+        raise UserError(f"config.json: Gemma 4 RoPE type {full.get('rope_type')!r}; expected 'proportional'")
+    full_dim, _ = _gemma4_head_dims(cfg)
+    rotated = int(full_dim * full["partial_rotary_factor"] / 2)
+    return np.array([1.0] * rotated + [1e30] * (full_dim // 2 - rotated), dtype=np.float32)
+
+
+# HF model_type -> its hyperparameter writer
 _HPARAM_WRITERS: dict[str, Callable[[gguf.GGUFWriter, dict[str, Any]], None]] = {
     "gemma": _gemma_hparams,
     "gemma2": _gemma2_hparams,
     "gemma3_text": _gemma3_hparams,
+    "gemma4_text": _gemma4_hparams,
 }
 
 
@@ -182,6 +241,8 @@ def _plan(model_dir: Path, cfg: dict[str, Any], arch: gguf.MODEL_ARCH, weights: 
         if hf_name in skip or hf_name.endswith(".rotary_emb.inv_freq"):
             continue
         gguf_name = name_map.get_name(hf_name, try_suffixes=(".weight", ".bias"))
+        if gguf_name is not None and not gguf_name.endswith((".weight", ".bias")):
+            gguf_name += ".weight"  # a bare parameter (Gemma 4's layer_scalar): named as llama.cpp's converter does
         if gguf_name is None:
             raise UserError(
                 f"tensor {hf_name} in {files[hf_name]} has no GGUF name for "
@@ -244,6 +305,35 @@ def _check_room(folder: Path, needed: int) -> None:
         raise UserError(f"{folder}: {free / 2**30:.2f} GiB free, the GGUF file needs {needed / 2**30:.2f} GiB")
 
 
+# Gemma 4's chat-syntax tokens that must stay visible in output for chat parsers (llama.cpp's converter)
+_GEMMA4_VISIBLE = {"<|channel>", "<channel|>", "<|tool_call>", "<tool_call|>", "<|tool_response>",
+                   "<tool_response|>", '<|"|>'}
+
+
+def _gemma4_vocab_to_gguf(w: gguf.GGUFWriter, model_dir: Path, n_vocab: int, chat_template: str | None) -> None:
+    """Gemma 4's BPE vocabulary with its merges, written as llama.cpp's Gemma4Model writes it (through the
+    gguf package's own tokenizer.json reader)."""
+    from gguf.vocab import LlamaHfVocab
+
+    vocab = LlamaHfVocab(model_dir)
+    tokens, scores, types = [], [], []
+    for text, score, kind in vocab.all_tokens():
+        tokens.append(text)
+        scores.append(score)
+        types.append(gguf.TokenType.USER_DEFINED if text.decode() in _GEMMA4_VISIBLE else kind)
+    if len(tokens) != n_vocab:
+        raise UserError(f"{model_dir}/tokenizer.json has {len(tokens)} tokens, the embedding {n_vocab} rows")
+    w.add_tokenizer_model("gemma4")
+    w.add_token_list(tokens)
+    w.add_token_scores(scores)
+    w.add_token_types(types)
+    special = gguf.SpecialVocab(model_dir, load_merges=True)
+    special.chat_template = chat_template if chat_template is not None else special.chat_template
+    special.add_special_token["bos"] = True  # Gemma 4 prompts start with <bos> whatever tokenizer_config says
+    special.add_to_gguf(w)
+    w.add_add_space_prefix(False)
+
+
 def _read_config(model_dir: Path) -> dict[str, Any]:
     path = model_dir / "config.json"
     if not path.is_file():
@@ -289,8 +379,11 @@ def write_gguf(
     _check_room(out_path.parent, sum(t.nbytes for t in plan) + _METADATA_ALLOWANCE)
     # hidden and unique; not mkstemp, whose 0600 mode would hide the file from an `ollama` user
     tmp = out_path.with_name(f".{out_path.name}.{uuid.uuid4().hex[:12]}.tmp")
+    extras = {"rope_freqs.weight": _gemma4_rope_freqs(cfg)} if model_type == "gemma4_text" else {}
     writer = gguf.GGUFWriter(tmp, family.gguf_arch)
     try:
+        for extra_name, data in extras.items():  # small generated tensors, written first as llama.cpp does
+            writer.add_tensor_info(extra_name, data.shape, data.dtype, data.nbytes)
         for t in plan:  # float32 stands for "not raw bytes": shapes stay logical
             writer.add_tensor_info(t.gguf_name, t.shape, np.dtype(np.float32), t.nbytes, raw_dtype=t.qtype)
         writer.add_type(gguf.GGUFType.MODEL)
@@ -299,11 +392,14 @@ def write_gguf(
         _HPARAM_WRITERS[model_type](writer, cfg)
         writer.add_file_type(file_type)
         writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
-        _vocab_to_gguf(writer, model_dir, embedding.shape[0], chat_template)
+        vocab_writer = _gemma4_vocab_to_gguf if model_type == "gemma4_text" else _vocab_to_gguf
+        vocab_writer(writer, model_dir, embedding.shape[0], chat_template)
 
         writer.write_header_to_file()
         writer.write_kv_data_to_file()
         writer.write_ti_data_to_file()
+        for data in [*extras.values()]:
+            writer.write_tensor_data(data)
         for data in _converted(plan, family.gguf_norm_shift):
             writer.write_tensor_data(data)
         writer.close()

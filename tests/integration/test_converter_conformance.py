@@ -51,27 +51,44 @@ def converter(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out / root
 
 
-def test_f16_equals_llama_cpps_converter(converter: Path, tiny_gemma3_dir: Path, tmp_path: Path) -> None:
+def convert_both(converter: Path, checkpoint: Path, tmp_path: Path) -> tuple[gguf.GGUFReader, gguf.GGUFReader]:
     reference = tmp_path / "reference-f16.gguf"
     proc = subprocess.run(
-        [sys.executable, "convert_hf_to_gguf.py", str(tiny_gemma3_dir), "--outtype", "f16", "--outfile", str(reference)],
+        [sys.executable, "convert_hf_to_gguf.py", str(checkpoint), "--outtype", "f16", "--outfile", str(reference)],
         cwd=converter, env={"PYTHONPATH": str(converter / "gguf-py"), "PATH": "/usr/bin:/bin"},
         capture_output=True, text=True,
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
-    ours = gguf.GGUFReader(write_gguf(tiny_gemma3_dir, tmp_path / "ours-f16.gguf", "f16"))
-    theirs = gguf.GGUFReader(reference)
+    return gguf.GGUFReader(write_gguf(checkpoint, tmp_path / "ours-f16.gguf", "f16")), gguf.GGUFReader(reference)
 
+
+def assert_same_file(ours: gguf.GGUFReader, theirs: gguf.GGUFReader, arch: str, allowed: set[str]) -> None:
     keys = set(ours.fields) | set(theirs.fields)
     differing = {k for k in keys if k not in ours.fields or k not in theirs.fields
                  or ours.fields[k].contents() != theirs.fields[k].contents()}
-    assert differing <= ALLOWED, sorted(differing - ALLOWED)
-    assert any(k.startswith("gemma3.") for k in set(ours.fields) - differing)  # the hyperparameters were compared
-
+    assert differing <= allowed, sorted(differing - allowed)
+    assert any(k.startswith(f"{arch}.") for k in set(ours.fields) - differing)  # the hyperparameters were compared
     ours_tensors = {t.name: t for t in ours.tensors}
     theirs_tensors = {t.name: t for t in theirs.tensors}
-    assert list(ours_tensors) == list(theirs_tensors)
+    assert set(ours_tensors) == set(theirs_tensors)
     for name, t in ours_tensors.items():
         other = theirs_tensors[name]
         assert (t.tensor_type, list(t.shape)) == (other.tensor_type, list(other.shape)), name
         assert np.array_equal(np.asarray(t.data), np.asarray(other.data)), name
+
+
+def test_gemma3_f16_equals_llama_cpps_converter(converter: Path, tiny_gemma3_dir: Path, tmp_path: Path) -> None:
+    ours, theirs = convert_both(converter, tiny_gemma3_dir, tmp_path)
+    assert_same_file(ours, theirs, "gemma3", ALLOWED)
+    assert [t.name for t in ours.tensors] == [t.name for t in theirs.tensors]
+
+
+def test_gemma4_f16_equals_llama_cpps_converter(converter: Path, embedded_model, tmp_path: Path) -> None:
+    """Gemma 4 (per-layer inputs, shared KV, proportional RoPE) down to the vocabulary, which both write
+    through the gguf package's tokenizer.json reader with BPE merges."""
+    from tests.integration.test_llama_cpp_gguf import build_tiny
+
+    checkpoint = build_tiny("gemma4", tmp_path / "tiny-gemma4", embedded_model.path)
+    ours, theirs = convert_both(converter, checkpoint, tmp_path)
+    assert_same_file(ours, theirs, "gemma4", {"general.name"})
+    assert "rope_freqs.weight" in {t.name for t in ours.tensors}

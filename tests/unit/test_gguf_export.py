@@ -282,8 +282,8 @@ def test_unsupported_model_type_is_a_user_error(tiny_gemma3_dir, tmp_path):
     model_dir = tmp_path / "checkpoint"
     model_dir.mkdir()
     config = json.loads((tiny_gemma3_dir / "config.json").read_text())
-    (model_dir / "config.json").write_text(json.dumps(dict(config, model_type="gemma4_text")))
-    with pytest.raises(UserError, match="GGUF export does not support model_type 'gemma4_text' yet; supported: gemma,"):
+    (model_dir / "config.json").write_text(json.dumps(dict(config, model_type="gemma3")))  # the multimodal model
+    with pytest.raises(UserError, match="GGUF export does not support model_type 'gemma3' yet; supported: gemma,"):
         write_gguf(model_dir, tmp_path / "x.gguf", "f16")
 
 
