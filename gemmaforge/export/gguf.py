@@ -15,7 +15,7 @@ import os
 import shutil
 import uuid
 from collections.abc import Callable, Iterator
-from contextlib import ExitStack
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -298,6 +298,22 @@ def _vocab_to_gguf(w: gguf.GGUFWriter, model_dir: Path, n_vocab: int, chat_templ
 _METADATA_ALLOWANCE = 64 * 2**20  # vocabulary, chat template, header: a few MiB for a 262k vocabulary
 
 
+@contextmanager
+def gguf_file(out_path: Path, arch: str) -> Iterator[gguf.GGUFWriter]:
+    """A GGUFWriter on a hidden temporary name that becomes `out_path` only when the body completes (and is
+    removed when it fails). Not mkstemp: its 0600 mode would hide the file from an `ollama` user."""
+    tmp = out_path.with_name(f".{out_path.name}.{uuid.uuid4().hex[:12]}.tmp")
+    writer = gguf.GGUFWriter(tmp, arch)
+    try:
+        yield writer
+        writer.close()
+        os.replace(tmp, out_path)
+    except BaseException:
+        writer.close()
+        tmp.unlink(missing_ok=True)
+        raise
+
+
 def _check_room(folder: Path, needed: int) -> None:
     """Refuse before writing rather than leave a disk full and a file half-written."""
     free = shutil.disk_usage(folder).free
@@ -377,11 +393,8 @@ def write_gguf(
 
     out_path.parent.mkdir(parents=True, exist_ok=True)
     _check_room(out_path.parent, sum(t.nbytes for t in plan) + _METADATA_ALLOWANCE)
-    # hidden and unique; not mkstemp, whose 0600 mode would hide the file from an `ollama` user
-    tmp = out_path.with_name(f".{out_path.name}.{uuid.uuid4().hex[:12]}.tmp")
     extras = {"rope_freqs.weight": _gemma4_rope_freqs(cfg)} if model_type == "gemma4_text" else {}
-    writer = gguf.GGUFWriter(tmp, family.gguf_arch)
-    try:
+    with gguf_file(out_path, family.gguf_arch) as writer:
         for extra_name, data in extras.items():  # small generated tensors, written first as llama.cpp does
             writer.add_tensor_info(extra_name, data.shape, data.dtype, data.nbytes)
         for t in plan:  # float32 stands for "not raw bytes": shapes stay logical
@@ -402,10 +415,4 @@ def write_gguf(
             writer.write_tensor_data(data)
         for data in _converted(plan, family.gguf_norm_shift):
             writer.write_tensor_data(data)
-        writer.close()
-        os.replace(tmp, out_path)
-    except BaseException:
-        writer.close()
-        tmp.unlink(missing_ok=True)
-        raise
     return out_path

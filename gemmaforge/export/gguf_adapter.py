@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import uuid
 from pathlib import Path
 
 import gguf
@@ -20,6 +18,8 @@ import numpy as np
 from safetensors import safe_open
 
 from gemmaforge.errors import UserError
+from gemmaforge.export.adapter_limits import require_plain_lora
+from gemmaforge.export.gguf import gguf_file
 from gemmaforge.families import Family
 
 _PREFIX = "base_model.model."
@@ -43,9 +43,7 @@ def write_adapter_gguf(adapter_dir: Path, out_path: Path, family: Family, n_laye
     alpha = config["lora_alpha"] * (math.sqrt(r) if config.get("use_rslora") else 1.0)
 
     out_path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out_path.with_name(f".{out_path.name}.{uuid.uuid4().hex[:12]}.tmp")
-    writer = gguf.GGUFWriter(tmp, family.gguf_arch)
-    try:
+    with gguf_file(out_path, family.gguf_arch) as writer:
         writer.add_type(gguf.GGUFType.ADAPTER)
         writer.add_string(gguf.Keys.Adapter.TYPE, "lora")
         writer.add_float32(gguf.Keys.Adapter.LORA_ALPHA, float(alpha))
@@ -58,24 +56,11 @@ def write_adapter_gguf(adapter_dir: Path, out_path: Path, family: Family, n_laye
         writer.write_header_to_file()
         writer.write_kv_data_to_file()
         writer.write_tensors_to_file()
-        writer.close()
-        os.replace(tmp, out_path)
-    except BaseException:
-        writer.close()
-        tmp.unlink(missing_ok=True)
-        raise
     return out_path
 
 
 def _check_supported(config: dict, adapter_dir: Path) -> None:
-    merge_instead = f"export the merged model instead (`gemmaforge merge {adapter_dir.parent}`, then `export gguf`)"
-    if config.get("use_dora"):
-        raise UserError(f"{adapter_dir} is a DoRA adapter, which llama.cpp cannot apply as an adapter: {merge_instead}")
-    if config.get("modules_to_save"):
-        raise UserError(f"{adapter_dir} trains whole modules ({', '.join(config['modules_to_save'])}), which a GGUF "
-                        f"adapter cannot carry: {merge_instead}")
-    if config.get("trainable_token_indices"):
-        raise UserError(
-            f"{adapter_dir} trains the chat-marker embedding rows (lora.train_template_tokens), which a GGUF "
-            f"adapter cannot carry: {merge_instead}, or train with lora.train_template_tokens: false"
-        )
+    require_plain_lora(
+        config, adapter_dir, dora=", which llama.cpp cannot apply as an adapter", other=", which a GGUF adapter cannot carry",
+        instead=f"export the merged model instead (`gemmaforge merge {adapter_dir.parent}`, then `export gguf`)",
+    )

@@ -12,6 +12,7 @@ import shlex
 from pathlib import Path
 
 from gemmaforge.errors import UserError
+from gemmaforge.export.adapter_limits import require_plain_lora
 from gemmaforge.runs import RunDir, atomic_write_text
 
 # vLLM accepts these values of --max-lora-rank (vllm.config.lora.LoRAConfig)
@@ -33,14 +34,8 @@ def vllm_command(run: RunDir, name: str, base_reference: str, max_model_len: int
 def vllm_lora_rank(config: dict, adapter_dir: Path) -> int:
     """The --max-lora-rank that admits this adapter, or a UserError naming what vLLM cannot serve."""
     merge_instead = f"serve the merged model instead (`gemmaforge export vllm {adapter_dir.parent}` without --adapter)"
-    if config.get("use_dora"):
-        raise UserError(f"{adapter_dir} is a DoRA adapter; vLLM serves plain LoRA only: {merge_instead}")
-    if config.get("modules_to_save"):
-        raise UserError(f"{adapter_dir} trains whole modules ({', '.join(config['modules_to_save'])}); vLLM "
-                        f"loads LoRA weights only: {merge_instead}")
-    if config.get("trainable_token_indices"):
-        raise UserError(f"{adapter_dir} trains the chat-marker embedding rows (lora.train_template_tokens); vLLM "
-                        f"loads LoRA weights only: {merge_instead}, or train with lora.train_template_tokens: false")
+    require_plain_lora(config, adapter_dir, dora="; vLLM serves plain LoRA only", other="; vLLM loads LoRA weights only",
+                       instead=merge_instead)
     rank = max([config["r"], *(config.get("rank_pattern") or {}).values()])
     allowed = [r for r in VLLM_LORA_RANKS if r >= rank]
     if not allowed:
