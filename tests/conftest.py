@@ -49,8 +49,15 @@ def build_tiny_gemma3(target: Path, tokenizer_dir: Path, seed: int = 0) -> Path:
         bos_token_id=2,
         eos_token_id=1,
     )
-    model = Gemma3ForCausalLM(config)
-    with torch.no_grad():  # random norms, so a missing +1 shift in GGUF cannot go unnoticed
+    return save_tiny(Gemma3ForCausalLM(config), target, tokenizer_dir)
+
+
+def save_tiny(model, target: Path, tokenizer_dir: Path) -> Path:
+    """Save a tiny random model with random norm weights (so a missing or wrong +1 shift in GGUF cannot go
+    unnoticed) and the real tokenizer beside it."""
+    import torch
+
+    with torch.no_grad():
         for name, param in model.named_parameters():
             if name.endswith("norm.weight"):
                 param.uniform_(-0.5, 0.5)

@@ -164,8 +164,6 @@ def build_tiny(family: str, target: Path, tokenizer_dir: Path) -> Path:
     """A small random Gemma 1, 2 or 4 with the real (Gemma 3) tokenizer and non-trivial norms (a missing or
     wrong +1 shift would show); Gemma 2's query_pre_attn_scalar equals head_dim, which is what llama.cpp
     assumes below 27B."""
-    import shutil
-
     from transformers import (
         Gemma2Config,
         Gemma2ForCausalLM,
@@ -175,7 +173,7 @@ def build_tiny(family: str, target: Path, tokenizer_dir: Path) -> Path:
         GemmaForCausalLM,
     )
 
-    from tests.conftest import TOKENIZER_FILES
+    from tests.conftest import save_tiny
 
     torch.manual_seed(0)
     sizes = dict(vocab_size=262144, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
@@ -192,15 +190,7 @@ def build_tiny(family: str, target: Path, tokenizer_dir: Path) -> Path:
         model = Gemma2ForCausalLM(config)
     else:
         model = GemmaForCausalLM(GemmaConfig(**sizes))
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            if name.endswith("norm.weight"):
-                param.uniform_(-0.5, 0.5)
-    model.save_pretrained(target)
-    for name in TOKENIZER_FILES:
-        if (tokenizer_dir / name).is_file():
-            shutil.copy(tokenizer_dir / name, target / name)
-    return target
+    return save_tiny(model, target, tokenizer_dir)
 
 
 @pytest.mark.parametrize(("family", "bound"), [("gemma", 2e-3), ("gemma2", 2e-3), ("gemma4", 5e-3)])
