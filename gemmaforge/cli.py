@@ -14,6 +14,7 @@ from gemmaforge import __version__, pipeline
 from gemmaforge.config import (
     GGUF_QUANTS,
     DataConfig,
+    ExportConfig,
     RunConfig,
     TrainConfig,
     apply_override,
@@ -23,6 +24,7 @@ from gemmaforge.config import (
 from gemmaforge.console import console
 from gemmaforge.distributed import init_if_launched
 from gemmaforge.errors import StageError, UserError
+from gemmaforge.export.gguf_shards import Split, parse_size
 from gemmaforge.families import FAMILIES
 from gemmaforge.models import default_home
 from gemmaforge.runs import RunDir
@@ -42,6 +44,12 @@ class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> None:  # argparse's own exit code is 2 as well; keep its usage line
         self.print_usage(sys.stderr)
         raise UserError(f"{self.prog}: {message}")
+
+
+def _positive_int(text: str) -> int:
+    if not text.isdigit() or int(text) == 0:
+        raise argparse.ArgumentTypeError(f"expected a positive whole number, got {text!r}")
+    return int(text)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -81,6 +89,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--quant", action="append", choices=GGUF_QUANTS,
                    help="repeatable; default: the run config's export.gguf (f16 for a checkpoint)")
     p.add_argument("--output", type=Path, metavar="FILE", help="the GGUF file to write (one --quant only)")
+    p.add_argument("--split-max-size", metavar="SIZE",
+                   help="split into shards of at most SIZE (2G, 500M) named NAME-00001-of-0000N.gguf, as llama.cpp's "
+                   "gguf-split; llama.cpp loads the first shard (Ollama cannot import split files); default: the run "
+                   "config's export.split_max_size")
+    p.add_argument("--split-max-tensors", type=_positive_int, metavar="N", help="split into shards of at most N tensors")
     p.add_argument("--adapter", action="store_true",
                    help="write the LoRA adapter alone as RUN_DIR/gguf/adapter-f16.gguf (for llama.cpp --lora and "
                    "Ollama's ADAPTER on top of the base GGUF) instead of the merged model")
@@ -238,7 +251,8 @@ def dispatch(args: argparse.Namespace) -> None:
         pipeline.stage_data(run, config, base)
         pipeline.stage_train(run, config, base)
     elif args.verb == "export" and args.target == "gguf" and is_checkpoint(args.run_dir):
-        pipeline.export_checkpoint_gguf(args.run_dir, args.quant or ["f16"], args.output)
+        split = split_from(ExportConfig(), args)
+        pipeline.export_checkpoint_gguf(args.run_dir, args.quant or ["f16"], args.output, split)
     else:
         run = RunDir.open(args.run_dir)
         config: RunConfig = run.config()
@@ -250,13 +264,21 @@ def dispatch(args: argparse.Namespace) -> None:
         elif args.target == "gguf" and args.adapter:
             pipeline.stage_export_adapter(run, base)
         elif args.target == "gguf":
-            pipeline.stage_export_gguf(run, config, base, args.quant or list(config.export.gguf), args.output)
+            pipeline.stage_export_gguf(run, config, base, args.quant or list(config.export.gguf), args.output,
+                                       split_from(config.export, args))
         elif args.target == "verify":
             pipeline.stage_export_verify(run, base)
         elif args.target == "vllm":
             pipeline.stage_export_vllm(run, config, base, adapter=args.adapter)
         else:
             pipeline.stage_export_ollama(run, config, base, create=args.create, adapter=args.adapter)
+
+
+def split_from(export: ExportConfig, args: argparse.Namespace) -> Split:
+    """The config's GGUF split, with --split-max-size / --split-max-tensors taking precedence."""
+    split = export.split()
+    size = parse_size(args.split_max_size, "--split-max-size") if args.split_max_size else split.max_bytes
+    return Split(size, split.max_tensors if args.split_max_tensors is None else args.split_max_tensors)
 
 
 def is_checkpoint(path: Path) -> bool:

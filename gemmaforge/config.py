@@ -14,6 +14,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from gemmaforge.errors import UserError
+from gemmaforge.export.gguf_shards import Split, parse_size
 
 
 class Section(BaseModel):
@@ -203,7 +204,26 @@ GGUF_QUANTS: tuple[str, ...] = GgufQuant.__args__
 
 class ExportConfig(Section):
     gguf: list[GgufQuant] = Field(default_factory=lambda: ["f16", "q8_0"])
+    split_max_size: str | None = Field(
+        None, description="split each GGUF into shards of at most this size (2G, 500M) in llama.cpp's gguf-split "
+        "layout; Ollama cannot import split files"
+    )
+    split_max_tensors: int = Field(0, ge=0, description="split each GGUF into shards of at most this many tensors")
     ollama: OllamaConfig = Field(default_factory=OllamaConfig)
+
+    @field_validator("split_max_size")
+    @classmethod
+    def _size(cls, value: str | None) -> str | None:
+        if value is not None:
+            try:
+                parse_size(value)
+            except UserError as e:
+                raise ValueError(str(e)) from None  # pydantic names the key
+        return value
+
+    def split(self) -> Split:
+        size = parse_size(self.split_max_size) if self.split_max_size else 0
+        return Split(size, self.split_max_tensors)
 
 
 class RunConfig(Section):

@@ -12,6 +12,7 @@ from gemmaforge.config import RunConfig
 from gemmaforge.console import console
 from gemmaforge.distributed import barrier, is_main_process
 from gemmaforge.errors import StageError, UserError
+from gemmaforge.export.gguf_shards import Split, gguf_parts
 from gemmaforge.models import ResolvedModel, resolve_model
 from gemmaforge.runs import RunDir
 
@@ -87,7 +88,7 @@ def stage_merge(run: RunDir, base: ResolvedModel) -> None:
 
 
 def stage_export_gguf(run: RunDir, config: RunConfig, base: ResolvedModel, quants: list[str],
-                      output: Path | None = None) -> None:
+                      output: Path | None = None, split: Split | None = None) -> None:
     from gemmaforge.export.gguf import write_gguf
     from gemmaforge.export.ollama import ollama_model_name
     from gemmaforge.templates import hf_chat_template
@@ -99,8 +100,10 @@ def stage_export_gguf(run: RunDir, config: RunConfig, base: ResolvedModel, quant
         files = {}
         for quant, target in targets.items():
             console.print(f"[bold]export gguf[/]: writing {target} ...")
-            path = write_gguf(merged, target, quant, chat_template=template, name=ollama_model_name(config))
-            files[quant] = {"path": str(path), "bytes": path.stat().st_size}
+            path = write_gguf(merged, target, quant, chat_template=template, name=ollama_model_name(config),
+                              split=split or config.export.split())
+            parts = gguf_parts(target)
+            files[quant] = {"path": str(path), "bytes": sum(p.stat().st_size for p in parts), "shards": len(parts)}
         record["files"] = files
 
 
@@ -143,15 +146,17 @@ def base_reference_for_serving(base: ResolvedModel) -> str:
     return base.reference if is_hub_id else str(base.path.resolve())
 
 
-def export_checkpoint_gguf(checkpoint: Path, quants: list[str], output: Path | None) -> None:
+def export_checkpoint_gguf(checkpoint: Path, quants: list[str], output: Path | None, split: Split) -> None:
     """Convert a Hugging Face Gemma folder that was not trained here (its own chat template is kept)."""
     from gemmaforge.export.gguf import write_gguf
 
     name = checkpoint.resolve().name
     for quant, target in gguf_targets(quants, output, lambda q: checkpoint / f"{name}-{q}.gguf").items():
         console.print(f"[bold]export gguf[/]: writing {target} ...")
-        path = write_gguf(checkpoint, target, quant)
-        console.print(f"[bold]export gguf[/]: {path} ({path.stat().st_size / 2**20:,.0f} MiB)")
+        path = write_gguf(checkpoint, target, quant, split=split)
+        parts = gguf_parts(target)
+        shards = f", {len(parts)} shards" if len(parts) > 1 else ""
+        console.print(f"[bold]export gguf[/]: {path} ({sum(p.stat().st_size for p in parts) / 2**20:,.0f} MiB{shards})")
 
 
 def gguf_targets(quants: list[str], output: Path | None, default: Callable[[str], Path]) -> dict[str, Path]:

@@ -17,6 +17,7 @@ from gemmaforge.config import EvalConfig, RunConfig
 from gemmaforge.console import console
 from gemmaforge.data.prepare import read_prepared
 from gemmaforge.errors import UserError
+from gemmaforge.export.gguf_shards import exports_in, gguf_parts
 from gemmaforge.families import Family
 from gemmaforge.evaluate.generate import (
     Generation,
@@ -131,12 +132,14 @@ def suite_cases(ec: EvalConfig, val: list[list[dict[str, str]]], system: str | N
 
 
 def deployed_gguf(run: RunDir, ec: EvalConfig) -> Path:
+    """The file llama.cpp opens (the first shard of a split export)."""
     if ec.gguf:
-        return run.require(run.gguf_path(ec.gguf), "export gguf")
-    found = sorted(run.gguf_dir.glob("model-*.gguf")) if run.gguf_dir.is_dir() else []
+        parts = gguf_parts(run.gguf_path(ec.gguf))
+        return parts[0] if parts else run.require(run.gguf_path(ec.gguf), "export gguf")
+    found = exports_in(run.gguf_dir, "model-")
     if not found:
         raise UserError(f"{run.gguf_dir} has no model-<quant>.gguf: run `gemmaforge export gguf {run.root}` first")
-    return found[0]
+    return next(iter(found.values()))[0]
 
 
 def _encode(val: list[list[dict[str, str]]], tokenizer: Any, family: Family, config: RunConfig) -> list[dict]:

@@ -3,17 +3,15 @@
 Follows llama.cpp's own converter (`convert_hf_to_gguf.py`: Gemma, Gemma2, Gemma3, Gemma4Model) for keys,
 tensor names and per-tensor types, but streams: the tensor table is planned from the safetensors
 headers first, then each tensor is loaded, converted and written on its own, so peak memory is
-about one tensor (the 262k-row embedding) rather than the model. The file appears at `out_path`
-only once complete (temporary file + os.replace).
+about one tensor (the 262k-row embedding) rather than the model. The file (or its shards, see
+gguf_shards.py) appears at `out_path` only once complete.
 """
 
 from __future__ import annotations
 
 import json
 import math
-import os
 import shutil
-import uuid
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
@@ -27,6 +25,7 @@ from safetensors import safe_open
 
 from gemmaforge.config import GGUF_QUANTS
 from gemmaforge.errors import UserError
+from gemmaforge.export.gguf_shards import NO_SPLIT, Split, gguf_parts, split_gguf_file, staged_output
 from gemmaforge.export.gguf_vocab import load_vocab
 from gemmaforge.export.quantize import K_QUANTS, llama_cpp_quantize, quantizer
 from gemmaforge.families import family_for_model_type
@@ -299,19 +298,15 @@ _METADATA_ALLOWANCE = 64 * 2**20  # vocabulary, chat template, header: a few MiB
 
 
 @contextmanager
-def gguf_file(out_path: Path, arch: str) -> Iterator[gguf.GGUFWriter]:
-    """A GGUFWriter on a hidden temporary name that becomes `out_path` only when the body completes (and is
-    removed when it fails). Not mkstemp: its 0600 mode would hide the file from an `ollama` user."""
-    tmp = out_path.with_name(f".{out_path.name}.{uuid.uuid4().hex[:12]}.tmp")
-    writer = gguf.GGUFWriter(tmp, arch)
-    try:
-        yield writer
-        writer.close()
-        os.replace(tmp, out_path)
-    except BaseException:
-        writer.close()
-        tmp.unlink(missing_ok=True)
-        raise
+def gguf_file(out_path: Path, arch: str, split: Split = NO_SPLIT) -> Iterator[gguf.GGUFWriter]:
+    """A GGUFWriter whose file (or shards, with `split`) replace `out_path` only when the body completes,
+    and are removed when it fails (see gguf_shards.staged_output)."""
+    with staged_output(out_path) as staged:
+        writer = gguf.GGUFWriter(staged, arch, split_max_size=split.max_bytes, split_max_tensors=split.max_tensors)
+        try:
+            yield writer
+        finally:
+            writer.close()
 
 
 def _check_room(folder: Path, needed: int) -> None:
@@ -361,19 +356,26 @@ def _read_config(model_dir: Path) -> dict[str, Any]:
 
 
 def write_gguf(
-    model_dir: Path, out_path: Path, quant: str, *, chat_template: str | None = None, name: str | None = None
+    model_dir: Path, out_path: Path, quant: str, *, chat_template: str | None = None, name: str | None = None,
+    split: Split = NO_SPLIT,
 ) -> Path:
-    """Write `model_dir` (merged HF, text-only Gemma) as a GGUF of type `quant` at `out_path`;
-    `name` is general.name (default: the folder's name, as llama.cpp's converter). K-quants are made by
-    llama.cpp's quantizer from an f16 file written first (and removed after)."""
+    """Write `model_dir` (merged HF, text-only Gemma) as a GGUF of type `quant` at `out_path`, or as its
+    shards with `split`; returns the file llama.cpp opens (the first shard when split). `name` is
+    general.name (default: the folder's name, as llama.cpp's converter). K-quants are made by llama.cpp's
+    quantizer from an f16 file written first (and removed after), then split."""
     if quant in K_QUANTS:
         quantizer(quant)
-        source = out_path.with_name(f".{out_path.name}.f16-source.tmp")
+        source = out_path.with_name(f".{out_path.name}.f16-source.tmp.gguf")
+        whole = out_path.with_name(f".{out_path.name}.{quant}.tmp.gguf")
         try:
             write_gguf(model_dir, source, "f16", chat_template=chat_template, name=name)
-            return llama_cpp_quantize(source, out_path, quant)
+            if not split.enabled:
+                return llama_cpp_quantize(source, out_path, quant)
+            llama_cpp_quantize(source, whole, quant)
+            return split_gguf_file(whole, out_path, split)[0]
         finally:
             source.unlink(missing_ok=True)
+            whole.unlink(missing_ok=True)
     if quant not in _QUANTS:
         raise UserError(f"unknown GGUF quant {quant!r}; choose one of: {', '.join(GGUF_QUANTS)}")
     model_dir, out_path = Path(model_dir), Path(out_path)
@@ -394,7 +396,7 @@ def write_gguf(
     out_path.parent.mkdir(parents=True, exist_ok=True)
     _check_room(out_path.parent, sum(t.nbytes for t in plan) + _METADATA_ALLOWANCE)
     extras = {"rope_freqs.weight": _gemma4_rope_freqs(cfg)} if model_type == "gemma4_text" else {}
-    with gguf_file(out_path, family.gguf_arch) as writer:
+    with gguf_file(out_path, family.gguf_arch, split) as writer:
         for extra_name, data in extras.items():  # small generated tensors, written first as llama.cpp does
             writer.add_tensor_info(extra_name, data.shape, data.dtype, data.nbytes)
         for t in plan:  # float32 stands for "not raw bytes": shapes stay logical
@@ -415,4 +417,4 @@ def write_gguf(
             writer.write_tensor_data(data)
         for data in _converted(plan, family.gguf_norm_shift):
             writer.write_tensor_data(data)
-    return out_path
+    return gguf_parts(out_path)[0]

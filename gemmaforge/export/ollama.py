@@ -8,6 +8,7 @@ from pathlib import Path
 
 from gemmaforge.config import RunConfig
 from gemmaforge.errors import StageError, UserError
+from gemmaforge.export.gguf_shards import gguf_parts
 from gemmaforge.families import Family
 from gemmaforge.runs import RunDir, atomic_write_text
 from gemmaforge.templates import ollama_template
@@ -26,6 +27,13 @@ def pick_gguf(run: RunDir, config: RunConfig) -> Path:
     if not quants:
         raise UserError("export.gguf is empty: the Modelfile needs a GGUF file to point at")
     quant = "q8_0" if "q8_0" in quants else quants[0]
+    parts = gguf_parts(run.gguf_path(quant))
+    if len(parts) > 1:
+        raise UserError(
+            f"{parts[0]} is split into {len(parts)} shards and Ollama cannot import split GGUF files "
+            f"(ollama/ollama#5245): export it whole for Ollama, without export.split_max_size / --split-max-size "
+            f"(llama.cpp and `gemmaforge serve` load the shards as they are)"
+        )
     return run.require(run.gguf_path(quant), "export gguf")
 
 

@@ -10,13 +10,13 @@ import ctypes
 import os
 import sys
 import tempfile
-import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from types import ModuleType
 
 from gemmaforge.errors import StageError, UserError
+from gemmaforge.export.gguf_shards import staged_output
 
 K_QUANTS = {"q4_k_m": "LLAMA_FTYPE_MOSTLY_Q4_K_M", "q5_k_m": "LLAMA_FTYPE_MOSTLY_Q5_K_M", "q6_k": "LLAMA_FTYPE_MOSTLY_Q6_K"}
 
@@ -39,16 +39,11 @@ def llama_cpp_quantize(source: Path, out_path: Path, quant: str) -> Path:
     params = llama_cpp.llama_model_quantize_default_params()
     params.ftype = getattr(llama_cpp, K_QUANTS[quant])
     params.nthread = os.cpu_count() or 1
-    tmp = out_path.with_name(f".{out_path.name}.{uuid.uuid4().hex[:12]}.tmp")
-    try:
-        with _captured_stderr() as log:  # a line per tensor from C: shown only when it fails
-            code = llama_cpp.llama_model_quantize(str(source).encode(), str(tmp).encode(), ctypes.byref(params))
-        if code != 0 or not tmp.is_file():
+    with staged_output(out_path) as staged, _captured_stderr() as log:  # C logs a line per tensor: shown on failure
+        code = llama_cpp.llama_model_quantize(str(source).encode(), str(staged).encode(), ctypes.byref(params))
+        if code != 0 or not staged.is_file():
             tail = "\n".join(log.read_text(errors="replace").splitlines()[-10:])
             raise StageError(f"llama.cpp's quantizer failed (code {code}) turning {source} into {quant}:\n{tail}")
-        os.replace(tmp, out_path)
-    finally:
-        tmp.unlink(missing_ok=True)
     return out_path
 
 

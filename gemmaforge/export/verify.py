@@ -1,6 +1,6 @@
 """`gemmaforge export verify`: prove every exported GGUF against the merged model it came from.
 
-For each gguf/model-<quant>.gguf: read it back with the gguf package (every key, every tensor's
+For each gguf/model-<quant>.gguf (whole or split): read it back with the gguf package (every key, every tensor's
 bytes), load it in llama.cpp, and compare its next-token distributions with the merged transformers
 model's at every position of a few val conversations: top-1 agreement and mean KL(merged || GGUF).
 An f16 file below 99% top-1 agreement means the export is wrong, not merely lossy.
@@ -16,6 +16,7 @@ import numpy as np
 
 from gemmaforge.data.prepare import read_prepared
 from gemmaforge.errors import StageError
+from gemmaforge.export.gguf_shards import exports_in
 from gemmaforge.families import Family
 from gemmaforge.runs import RunDir, atomic_write_text
 from gemmaforge.templates import render_conversation
@@ -29,7 +30,7 @@ def verify_run(run: RunDir, family: Family, n_prompts: int = 8) -> dict[str, Any
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     merged = run.require(run.merged_dir / "config.json", "merge").parent
-    files = sorted(run.gguf_dir.glob("model-*.gguf")) if run.gguf_dir.is_dir() else []
+    files = exports_in(run.gguf_dir, "model-")
     if not files:
         run.require(run.gguf_dir / "model-<quant>.gguf", "export gguf")
     tokenizer = AutoTokenizer.from_pretrained(merged)
@@ -43,10 +44,9 @@ def verify_run(run: RunDir, family: Family, n_prompts: int = 8) -> dict[str, Any
         reference = [model(torch.tensor([ids])).logits[0].numpy() for ids in sequences]  # (T, V) each
     del model
     results = {}
-    for path in files:
-        quant = path.stem.removeprefix("model-")
-        results[quant] = {"file": str(path), "bytes": path.stat().st_size, **read_back(path),
-                          **compare(path, sequences, reference)}
+    for quant, parts in files.items():  # llama.cpp opens a split file through its first shard
+        results[quant] = {"file": str(parts[0]), "shards": len(parts), **read_back(parts),
+                          **compare(parts[0], sequences, reference)}
     report = {"prompts": len(sequences), "positions": sum(map(len, sequences)), "files": results}
     atomic_write_text(run.gguf_dir / "verify.json", json.dumps(report, indent=2) + "\n")
     f16 = results.get("f16")
@@ -58,22 +58,26 @@ def verify_run(run: RunDir, family: Family, n_prompts: int = 8) -> dict[str, Any
     return report
 
 
-def read_back(path: Path) -> dict[str, Any]:
-    """Every key and every tensor of the file, read through the gguf package."""
+def read_back(parts: list[Path]) -> dict[str, Any]:
+    """Every key and every tensor of the file (all its shards), read through the gguf package."""
     import gguf
 
-    reader = gguf.GGUFReader(path)
-    for field in reader.fields.values():
-        field.contents()  # decodes the value; raises on a malformed entry
-    tensor_bytes = 0
-    for tensor in reader.tensors:
-        data = np.asarray(tensor.data)
-        if data.nbytes != tensor.n_bytes:
-            raise StageError(f"{path}: tensor {tensor.name} holds {data.nbytes} bytes, its header says {tensor.n_bytes}")
-        tensor_bytes += data.nbytes
-    types = sorted({t.tensor_type.name for t in reader.tensors})
-    return {"keys": len(reader.fields), "tensors": len(reader.tensors), "tensor_bytes": tensor_bytes,
-            "tensor_types": types}
+    keys, tensors, tensor_bytes, types = 0, 0, 0, set()
+    for path in parts:
+        reader = gguf.GGUFReader(path)
+        for field in reader.fields.values():
+            field.contents()  # decodes the value; raises on a malformed entry
+        for tensor in reader.tensors:
+            data = np.asarray(tensor.data)
+            if data.nbytes != tensor.n_bytes:
+                raise StageError(f"{path}: tensor {tensor.name} holds {data.nbytes} bytes, its header says "
+                                 f"{tensor.n_bytes}")
+            tensor_bytes += data.nbytes
+            types.add(tensor.tensor_type.name)
+        keys += len(reader.fields)
+        tensors += len(reader.tensors)
+    return {"bytes": sum(p.stat().st_size for p in parts), "keys": keys, "tensors": tensors,
+            "tensor_bytes": tensor_bytes, "tensor_types": sorted(types)}
 
 
 def compare(path: Path, sequences: list[list[int]], reference: list[np.ndarray]) -> dict[str, Any]:

@@ -51,6 +51,14 @@ def test_wrong_type_names_key_and_value(tmp_path: Path) -> None:
         load_config(path)
 
 
+def test_gguf_split_size_is_read_or_named(tmp_path: Path) -> None:
+    path = write(tmp_path, "output_dir: r\ndata: {path: d.json}\nexport: {split_max_size: 2G, split_max_tensors: 64}\n")
+    assert (load_config(path).export.split().max_bytes, load_config(path).export.split().max_tensors) == (2 * 10**9, 64)
+    path = write(tmp_path, "output_dir: r\ndata: {path: d.json}\nexport: {split_max_size: two gigs}\n")
+    with pytest.raises(UserError, match=r"export\.split_max_size: .*split size 'two gigs': expected a positive size"):
+        load_config(path)
+
+
 def test_overrides_are_typed_and_nested(tmp_path: Path) -> None:
     path = write(tmp_path, "output_dir: r\ndata: {path: d.json}\n")
     config = load_config(path, ["train.learning_rate=1e-3", "lora.target_modules=[q_proj]", "output_dir=other"])

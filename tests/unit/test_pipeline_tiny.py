@@ -154,6 +154,33 @@ def test_export_verify_fails_on_an_f16_file_of_another_model(tiny_run: tuple[Pat
         (run / "gguf" / "model-f16.gguf").write_bytes(original)
 
 
+def test_split_export_is_verified_and_kept_from_ollama(tiny_run: tuple[Path, str],
+                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    """A split q8_0 export: verify reads every shard and runs the set in llama.cpp; the Modelfile refuses it
+    (Ollama cannot import split GGUF files) and stays as it was; exporting whole again removes the shards."""
+    pytest.importorskip("llama_cpp")
+    run = tiny_run[0]
+    gguf_dir, modelfile = run / "gguf", (run / "ollama" / "Modelfile").read_text()
+    assert main(["export", "gguf", str(run), "--quant", "q8_0", "--split-max-size", "lots"]) == 2
+    assert "--split-max-size 'lots': expected a positive size such as 2G" in capsys.readouterr().err
+    assert main(["export", "gguf", str(run), "--quant", "q8_0", "--split-max-tensors", "0"]) == 2
+    assert "--split-max-tensors: expected a positive whole number, got '0'" in capsys.readouterr().err
+    try:
+        assert main(["export", "gguf", str(run), "--quant", "q8_0", "--split-max-tensors", "12"]) == 0
+        assert sorted(p.name for p in gguf_dir.glob("model-q8_0*")) == [f"model-q8_0-0000{i}-of-00003.gguf"
+                                                                          for i in (1, 2, 3)]
+        assert main(["export", "verify", str(run)]) == 0
+        q8 = json.loads((gguf_dir / "verify.json").read_text())["files"]["q8_0"]
+        assert q8["shards"] == 3 and q8["tensors"] == 2 + 2 * 13 and q8["file"].endswith("-00001-of-00003.gguf")
+        assert q8["top1_agreement"] >= 0.9
+        assert main(["export", "ollama", str(run)]) == 2
+        assert "is split into 3 shards and Ollama cannot import split GGUF files" in capsys.readouterr().err
+        assert (run / "ollama" / "Modelfile").read_text() == modelfile
+    finally:
+        assert main(["export", "gguf", str(run), "--quant", "q8_0"]) == 0
+    assert sorted(p.name for p in gguf_dir.glob("model-q8_0*")) == ["model-q8_0.gguf"]
+
+
 def test_a_bf16_base_merges_into_bf16_weights(tmp_path: Path, tiny_gemma3_dir: Path) -> None:
     """The merge adds in fp32 and stores the base's own dtype (half the size of fp32 for a bf16 base)."""
     import shutil

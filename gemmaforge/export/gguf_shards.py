@@ -1,0 +1,141 @@
+"""Split GGUF output the way llama.cpp reads it (the `gguf-split` layout).
+
+`model-f16.gguf` split three ways becomes `model-f16-00001-of-00003.gguf` ... `-00003-of-00003.gguf`:
+every shard carries `split.no`, `split.count` and `split.tensors.count`, the first one all the metadata,
+and llama.cpp loads the set when given the first shard. Shards are written into a hidden folder beside
+the destination and moved into place first-shard-last, so a reader never finds a first shard whose
+siblings are still being written.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import gguf
+import numpy as np
+
+from gemmaforge.errors import UserError
+
+_SHARD = re.compile(r"^(?P<stem>.+)-(?P<no>\d{5})-of-(?P<count>\d{5})\.gguf$")
+_UNITS = {"": 1, "K": 1000, "M": 1000**2, "G": 1000**3, "T": 1000**4}  # decimal, as llama.cpp's tools
+
+
+@dataclass(frozen=True)
+class Split:
+    """Start a new shard before a tensor would take the shard past `max_bytes`, or once it holds
+    `max_tensors` tensors (0: no limit). A model that fits one shard stays one unsplit file."""
+
+    max_bytes: int = 0
+    max_tensors: int = 0
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.max_bytes or self.max_tensors)
+
+
+NO_SPLIT = Split()
+
+
+def parse_size(text: str, what: str = "split size") -> int:
+    """'2G', '500M', '750K' or a byte count -> bytes (decimal units, as llama.cpp's --split-max-size)."""
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMGT]?)B?\s*", str(text), flags=re.IGNORECASE)
+    if not match or float(match[1]) <= 0:
+        raise UserError(f"{what} {text!r}: expected a positive size such as 2G, 500M or 1500000")
+    return int(float(match[1]) * _UNITS[match[2].upper()])
+
+
+def shard_name(path: Path, number: int, count: int) -> Path:
+    return path.with_name(gguf.SHARD_NAME_FORMAT.format(path.stem, number, count))
+
+
+def gguf_parts(path: Path) -> list[Path]:
+    """The files an export named `path` consists of: [path] when it was written whole, its shards in order
+    when it was split, [] when neither exists."""
+    if path.is_file():
+        return [path]
+    shards = _shards_of(path)
+    if not shards:
+        return []
+    count = len(shards)
+    expected = [shard_name(path, n, count) for n in range(1, count + 1)]
+    if shards != expected:
+        names = ", ".join(p.name for p in shards)
+        raise UserError(f"{path.parent}: an incomplete or mixed set of shards for {path.name}: {names}")
+    return shards
+
+
+def exports_in(folder: Path, prefix: str) -> dict[str, list[Path]]:
+    """Every export in `folder` whose name starts with `prefix` (whole or split), by the rest of its
+    name: {"f16": [model-f16.gguf], "q8_0": [model-q8_0-00001-of-00002.gguf, ...]} for prefix "model-"."""
+    if not folder.is_dir():
+        return {}
+    stems = set()
+    for p in folder.glob(f"{prefix}*.gguf"):
+        m = _SHARD.match(p.name)
+        stems.add(m["stem"] if m else p.stem)
+    return {stem.removeprefix(prefix): gguf_parts(folder / f"{stem}.gguf") for stem in sorted(stems)}
+
+
+def _shards_of(path: Path) -> list[Path]:
+    if not path.parent.is_dir():
+        return []
+    found = []
+    for p in path.parent.iterdir():
+        m = _SHARD.match(p.name)
+        if m and m["stem"] == path.stem:
+            found.append(p)
+    return sorted(found)
+
+
+@contextmanager
+def staged_output(out_path: Path) -> Iterator[Path]:
+    """A path inside a hidden folder beside `out_path` to write to (whole or as shards). When the body
+    completes, whatever was written there replaces the earlier export of that name, whole or split;
+    when it fails, nothing under `out_path`'s names changes. Not mkstemp: its 0600 mode would hide the
+    file from an `ollama` user."""
+    staging = out_path.with_name(f".{out_path.name}.{uuid.uuid4().hex[:12]}.tmp")
+    staging.mkdir(parents=True)
+    try:
+        yield staging / out_path.name
+        written = sorted(staging.iterdir())
+        stale = ([out_path] if out_path.exists() else []) + _shards_of(out_path)
+        for src in reversed(written):  # the first shard last: llama.cpp opens the set through it
+            os.replace(src, out_path.parent / src.name)
+        for old in stale:
+            if old.name not in {p.name for p in written}:
+                old.unlink(missing_ok=True)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+def split_gguf_file(source: Path, out_path: Path, split: Split) -> list[Path]:
+    """Rewrite the single GGUF `source` as shards of `out_path` (for files made by llama.cpp's quantizer),
+    copying every key and tensor byte for byte. Returns the parts written."""
+    reader = gguf.GGUFReader(source)
+    arch = reader.fields[gguf.Keys.General.ARCHITECTURE].contents()
+    with staged_output(out_path) as staged:
+        writer = gguf.GGUFWriter(staged, arch, split_max_size=split.max_bytes, split_max_tensors=split.max_tensors)
+        try:
+            for field in reader.fields.values():
+                if field.name.startswith("GGUF.") or field.name == gguf.Keys.General.ARCHITECTURE:
+                    continue  # the header's own counts, and the key the writer adds itself
+                sub_type = field.types[-1] if field.types[0] == gguf.GGUFValueType.ARRAY else None
+                writer.add_key_value(field.name, field.contents(), field.types[0], sub_type)
+            for t in reader.tensors:  # reader shapes are GGUF order (columns first); the writer takes numpy order
+                shape = tuple(int(d) for d in reversed(t.shape))
+                writer.add_tensor_info(t.name, shape, np.dtype(np.float32), t.n_bytes, raw_dtype=t.tensor_type)
+            writer.write_header_to_file()
+            writer.write_kv_data_to_file()
+            writer.write_ti_data_to_file()
+            for t in reader.tensors:
+                writer.write_tensor_data(np.asarray(t.data))
+        finally:
+            writer.close()
+    return gguf_parts(out_path)
