@@ -28,6 +28,7 @@ from gemmaforge.export.gguf_shards import Split, parse_size
 from gemmaforge.families import FAMILIES
 from gemmaforge.models import default_home
 from gemmaforge.runs import RunDir
+from gemmaforge.serve.server import ServeOptions
 
 EPILOG = """examples:
   gemmaforge run examples/quickstart.yaml                  # data -> train -> eval -> merge -> GGUF -> Modelfile
@@ -73,6 +74,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_data_verbs(verbs)
 
     add_eval_verb(verbs)
+    add_serve_verbs(verbs)
 
     p = verbs.add_parser("merge", help="Merge the run's adapter into the base model (RUN_DIR/merged).")
     p.add_argument("run_dir", type=Path)
@@ -135,6 +137,90 @@ examples:
   gemmaforge eval runs/quickstart --suite examples/suites/coffee.yaml --fail-under 0.8
   gemmaforge eval runs/quickstart --engine llamacpp max_new_tokens=64   # the exported GGUF itself
 """
+
+
+SERVE_EPILOG = """MODEL is a run directory (its adapter on its base model; runs on one base share it), a Hugging Face
+model folder, a .gguf file, or gemma3-270m; NAME=MODEL serves it under another name (default: the run's
+export.ollama.name, else the folder or file name).
+
+examples:
+  gemmaforge serve runs/quickstart                       # Ollama clients: OLLAMA_HOST=127.0.0.1:11434
+  gemmaforge serve runs/support runs/faq --port 8000     # one base in memory, two adapters beside it
+  gemmaforge serve runs/quickstart --engine llamacpp     # the run's exported GGUF through llama.cpp
+  gemmaforge serve runs/quickstart --host 0.0.0.0 --api-key "$KEY"
+  curl http://127.0.0.1:11434/api/chat -d '{"model": "coffee-gemma", "messages": [{"role": "user", "content": "hi"}]}'
+"""
+
+
+def add_serve_verbs(verbs: argparse._SubParsersAction) -> None:
+    p = verbs.add_parser(
+        "serve", help="Serve runs and models over the Ollama and OpenAI HTTP APIs (many LoRA adapters on one base).",
+        description="Serve runs and models over Ollama's API (/api/chat, /api/generate, /api/tags, ...) and "
+        "OpenAI's (/v1/chat/completions, /v1/completions, /v1/models), with adapters loaded and unloaded at "
+        "runtime (/v1/load_lora_adapter, /v1/unload_lora_adapter). Concurrent requests on the transformers "
+        "engine are batched at every decoding step.",
+        epilog=SERVE_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("models", nargs="+", metavar="[NAME=]MODEL")
+    p.add_argument("--host", default="127.0.0.1", help="default 127.0.0.1 (loopback); any other needs --api-key")
+    p.add_argument("--port", type=int, default=11434, help="default 11434, Ollama's")
+    add_engine_options(p)
+    p.add_argument("--api-key", help="require Authorization: Bearer KEY (default: $GEMMAFORGE_API_KEY)")
+    p.add_argument("--max-batch", type=_positive_int, default=16, help="requests decoded together (default 16)")
+    p.add_argument("--max-queue", type=_positive_int, default=64,
+                   help="requests waiting beyond the batch before 503 + Retry-After (default 64)")
+    p.add_argument("--max-tokens", type=_positive_int, default=4096, help="the longest answer (default 4096)")
+    p.add_argument("--timeout", type=_positive_int, default=600, help="seconds one request may generate (default 600)")
+
+    p = verbs.add_parser(
+        "chat", help="Chat in the terminal with a run or model (served in-process) or an Ollama-compatible URL.",
+        description="An interactive chat: answers stream as they are generated; /system TEXT sets the system "
+        "prompt, /reset forgets the conversation, /exit (or Ctrl-D) leaves. TARGET is a run directory, model "
+        "folder, .gguf file or gemma3-270m (served for the session), or the URL of a running server "
+        "(gemmaforge serve or Ollama itself).",
+    )
+    p.add_argument("target", metavar="RUN_DIR|MODEL|URL")
+    p.add_argument("--model", help="with a URL: which served model (default: the only one)")
+    p.add_argument("--system", help="the system prompt (default: the one the run was trained with)")
+    p.add_argument("--temperature", type=float, help="sampling temperature (0: greedy)")
+    add_engine_options(p)
+    p.add_argument("--api-key", help="with a URL: sent as Authorization: Bearer KEY (default: $GEMMAFORGE_API_KEY)")
+
+
+def add_engine_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--engine", choices=("transformers", "llamacpp"), default="transformers",
+                   help="for run directories: transformers (base + adapter, batched) or llamacpp (the run's GGUF)")
+    p.add_argument("--num-ctx", type=_positive_int, default=4096, help="context window in tokens (default 4096)")
+    p.add_argument("--dtype", choices=("auto", "bf16", "fp32"), default="auto",
+                   help="transformers engine weights: auto picks bf16 where the hardware has it (default)")
+
+
+def serve_options(args: argparse.Namespace) -> ServeOptions:
+    from gemmaforge.serve.server import api_key_from_env
+
+    extra = {k: getattr(args, k) for k in ("host", "port", "max_batch", "max_queue", "max_tokens") if hasattr(args, k)}
+    return ServeOptions(engine=args.engine, num_ctx=args.num_ctx, dtype=args.dtype,
+                        api_key=api_key_from_env(args.api_key), timeout_s=float(getattr(args, "timeout", 600)), **extra)
+
+
+def run_chat(args: argparse.Namespace, home: Path) -> None:
+    from gemmaforge.serve.chat import chat_loop, pick_model
+    from gemmaforge.serve.server import background_server, load_registry
+
+    options = serve_options(args)
+    sampling = {} if args.temperature is None else {"temperature": args.temperature}
+    headers = {"Authorization": f"Bearer {options.api_key}"} if options.api_key else {}
+    if args.target.startswith(("http://", "https://")):
+        url = args.target.rstrip("/")
+        chat_loop(url, pick_model(url, args.model, headers), system=args.system, options=sampling, headers=headers)
+        return
+    registry = load_registry([args.target], options, home)
+    try:
+        with background_server(registry, options) as url:
+            name = next(iter(registry.models))
+            chat_loop(url, name, system=args.system, options=sampling, headers=headers)
+    finally:
+        registry.close()
 
 
 def add_eval_verb(verbs: argparse._SubParsersAction) -> None:
@@ -250,6 +336,12 @@ def dispatch(args: argparse.Namespace) -> None:
         base = pipeline.base_model(run, config, home)
         pipeline.stage_data(run, config, base)
         pipeline.stage_train(run, config, base)
+    elif args.verb == "serve":
+        from gemmaforge.serve.server import serve
+
+        serve(args.models, serve_options(args), home)
+    elif args.verb == "chat":
+        run_chat(args, home)
     elif args.verb == "export" and args.target == "gguf" and is_checkpoint(args.run_dir):
         split = split_from(ExportConfig(), args)
         pipeline.export_checkpoint_gguf(args.run_dir, args.quant or ["f16"], args.output, split)

@@ -17,8 +17,6 @@ from gemmaforge.config import EvalConfig, RunConfig
 from gemmaforge.console import console
 from gemmaforge.data.prepare import read_prepared
 from gemmaforge.errors import UserError
-from gemmaforge.export.gguf_shards import exports_in, gguf_parts
-from gemmaforge.families import Family
 from gemmaforge.evaluate.generate import (
     Generation,
     Generator,
@@ -37,6 +35,8 @@ from gemmaforge.evaluate.scoring import (
     retention_probes,
 )
 from gemmaforge.evaluate.suite import Case, load_suite, val_sample_suite
+from gemmaforge.export.gguf_shards import exports_in, gguf_parts
+from gemmaforge.families import Family
 from gemmaforge.models import ResolvedModel, load_causal_lm, load_tokenizer
 from gemmaforge.runs import RunDir
 from gemmaforge.train.template_tokens import use_sparse_template_tokens

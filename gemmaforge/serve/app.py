@@ -1,0 +1,372 @@
+"""The HTTP server: Ollama's API under /api, OpenAI's under /v1, vLLM's adapter loading routes.
+
+Errors take each API's own shape ({"error": "..."} on Ollama routes, {"error": {"message", "type", ...}}
+on OpenAI routes). A request a client gets wrong is a 4xx; once a stream has started, an error is sent
+as the stream's last message. A client that goes away stops its generation.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import secrets
+import time
+import uuid
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+
+from gemmaforge import __version__
+from gemmaforge.errors import UserError
+from gemmaforge.export.ollama import GEMMA_TERMS
+from gemmaforge.serve import protocol as p
+from gemmaforge.serve.jobs import Delta, Event, Failed, Finished, Job, QueueFull
+from gemmaforge.serve.protocol import ApiError, Limits, bad
+from gemmaforge.serve.registry import Registry, Served, check_name
+
+MAX_BODY = 4 * 2**20
+
+
+def create_app(registry: Registry, *, api_key: str | None = None, max_tokens: int = 4096,
+               timeout_s: float = 600.0) -> FastAPI:
+    app = FastAPI(title="gemmaforge serve", version=__version__, docs_url=None, redoc_url=None, openapi_url=None)
+    limits = Limits(max_tokens=max_tokens, max_prompt_chars=MAX_BODY)
+
+    @app.middleware("http")
+    async def guard(request: Request, call_next: Any) -> Response:
+        try:
+            if api_key is not None and request.url.path != "/":
+                given = request.headers.get("authorization", "")
+                if not secrets.compare_digest(given.encode(), f"Bearer {api_key}".encode()):
+                    raise ApiError(401, "missing or wrong API key (Authorization: Bearer ...)", "authentication_error")
+            if int(request.headers.get("content-length") or 0) > MAX_BODY:
+                raise ApiError(413, f"request body larger than {MAX_BODY} bytes")
+            return await call_next(request)
+        except ApiError as e:
+            return error_response(request, e)
+
+    @app.exception_handler(ApiError)
+    async def api_error(request: Request, e: ApiError) -> Response:
+        return error_response(request, e)
+
+    @app.exception_handler(404)
+    async def not_found(request: Request, _e: Exception) -> Response:
+        message = f"{request.method} {request.url.path} is not a route of this server"
+        return error_response(request, ApiError(404, message, "not_found_error"))
+
+    @app.exception_handler(405)
+    async def wrong_method(request: Request, _e: Exception) -> Response:
+        return error_response(request, ApiError(405, f"method {request.method} is not allowed on {request.url.path}"))
+
+    async def body(request: Request) -> dict[str, Any]:
+        raw = bytearray()
+        async for chunk in request.stream():  # bounded even without a Content-Length header
+            raw += chunk
+            if len(raw) > MAX_BODY:
+                raise ApiError(413, f"request body larger than {MAX_BODY} bytes")
+        return p.parse_json(bytes(raw))
+
+    def served_or_404(name: str) -> Served:
+        served = registry.get(name)
+        if served is None:
+            raise ApiError(404, f"model '{name}' not found", "not_found_error")
+        return served
+
+    def encode(served: Served, prompt: str) -> list[int]:
+        if len(prompt) > limits.max_prompt_chars:
+            raise bad(f"the prompt is longer than {limits.max_prompt_chars} characters")
+        return served.engine.encode(prompt)
+
+    async def events(served: Served, ids: list[int], params: p.Params, request: Request) -> AsyncIterator[Event]:
+        """Submit a job and yield its events; a disconnected client or the timeout cancels it."""
+        job = Job(ids, params, served.adapter, asyncio.get_running_loop())
+        try:
+            served.engine.submit(job)
+        except QueueFull as e:
+            raise ApiError(503, f"the server is busy ({e}); retry shortly", "api_error", {"Retry-After": "1"}) from None
+        deadline = time.monotonic() + timeout_s
+        timed_out = False
+        try:
+            while True:
+                try:
+                    event = await asyncio.wait_for(job.events.get(), timeout=0.5)
+                except TimeoutError:
+                    if await request.is_disconnected():
+                        return
+                    if time.monotonic() > deadline:
+                        timed_out = True
+                        job.cancelled.set()
+                    continue
+                if isinstance(event, Finished) and timed_out:  # the time limit cut the answer, as a length limit
+                    event = Finished("length", *[getattr(event, k) for k in
+                                                  ("prompt_tokens", "completion_tokens", "prompt_ns", "eval_ns")])
+                yield event
+                if isinstance(event, Finished | Failed):
+                    return
+        finally:
+            job.cancelled.set()  # a client gone mid-stream (or any early exit) stops the generation
+
+    # ------------------------------------------------------------------ Ollama
+
+    @app.api_route("/", methods=["GET", "HEAD"])
+    async def root() -> Response:
+        return PlainTextResponse("Ollama is running")
+
+    @app.get("/api/version")
+    async def version() -> dict[str, str]:
+        return {"version": __version__}
+
+    @app.get("/api/tags")
+    async def tags() -> dict[str, Any]:
+        return {"models": [{"name": m.name, "model": m.name, "modified_at": m.modified_at, "size": m.size,
+                            "digest": m.digest, "details": m.details} for m in registry.models.values()]}
+
+    @app.get("/api/ps")
+    async def ps() -> dict[str, Any]:
+        expires = (datetime.now(UTC) + timedelta(days=365)).isoformat()  # loaded until the server stops
+        return {"models": [{"name": m.name, "model": m.name, "size": m.size, "digest": m.digest, "details": m.details,
+                            "expires_at": expires, "size_vram": 0, "context_length": registry.num_ctx}
+                           for m in registry.models.values()]}
+
+    @app.post("/api/show")
+    async def show(request: Request) -> dict[str, Any]:
+        from gemmaforge.templates import ollama_template
+
+        served = served_or_404(p.model_name(await body(request)))
+        parameters = "\n".join([*(f"{k} {v}" for k, v in served.options.items()),
+                                *(f'stop "{s}"' for s in served.family.stop)])
+        return {"license": GEMMA_TERMS, "modelfile": f"# served by gemmaforge from {served.source}\n",
+                "parameters": parameters, "template": ollama_template(served.family), "system": served.system or "",
+                "details": served.details, "model_info": {"general.architecture": served.family.gguf_arch},
+                "capabilities": ["completion"], "modified_at": served.modified_at}
+
+    @app.delete("/api/delete")
+    async def delete(request: Request) -> Response:
+        name = p.model_name(await body(request))
+        served = served_or_404(name)
+        await asyncio.to_thread(registry.remove, served.name)
+        return Response(status_code=200)
+
+    @app.post("/api/generate")
+    async def generate(request: Request) -> Response:
+        data = await body(request)
+        served = served_or_404(p.model_name(data))
+        p.refuse_unsupported(data)
+        if not data.get("prompt") and not data.get("raw"):  # Ollama's way of loading a model
+            return JSONResponse({"model": data["model"], "created_at": now(), "response": "", "done": True,
+                                 "done_reason": "load"})
+        ids = encode(served, p.generate_prompt(served, data))
+        params = p.ollama_params(served, data, limits, len(ids), registry.num_ctx)
+        return await ollama_answer(request, data, served, ids, params, chat=False)
+
+    @app.post("/api/chat")
+    async def chat(request: Request) -> Response:
+        data = await body(request)
+        served = served_or_404(p.model_name(data))
+        p.refuse_unsupported(data)
+        ids = encode(served, p.chat_prompt(served, p.messages_of(data)))
+        params = p.ollama_params(served, data, limits, len(ids), registry.num_ctx)
+        return await ollama_answer(request, data, served, ids, params, chat=True)
+
+    async def ollama_answer(request: Request, data: dict[str, Any], served: Served, ids: list[int],
+                            params: p.Params, chat: bool) -> Response:
+        model, start = data["model"], time.perf_counter_ns()
+
+        def chunk(text: str, **extra: Any) -> dict[str, Any]:
+            content = {"message": {"role": "assistant", "content": text}} if chat else {"response": text}
+            return {"model": model, "created_at": now(), **content, **extra}
+
+        def final(f: Finished) -> dict[str, Any]:
+            return {"done": True, "done_reason": f.reason, "total_duration": time.perf_counter_ns() - start,
+                    "load_duration": 0, "prompt_eval_count": f.prompt_tokens, "prompt_eval_duration": f.prompt_ns,
+                    "eval_count": f.completion_tokens, "eval_duration": f.eval_ns}
+
+        stream = events(served, ids, params, request)
+        if field_bool(data, "stream", True):
+            first = await first_event(stream)  # a full queue is still a plain 503, before the stream starts
+
+            async def lines() -> AsyncIterator[bytes]:
+                async for event in prepend(first, stream):
+                    if isinstance(event, Delta):
+                        yield ndjson(chunk(event.text, done=False))
+                    elif isinstance(event, Finished):
+                        yield ndjson(chunk("", **final(event)))
+                    else:
+                        yield ndjson({"error": event.message})
+
+            return StreamingResponse(lines(), media_type="application/x-ndjson")
+        text, end = await collect(stream)
+        return JSONResponse(chunk(text, **final(end)))
+
+    # ------------------------------------------------------------------ OpenAI
+
+    @app.get("/v1/models")
+    async def models() -> dict[str, Any]:
+        return {"object": "list", "data": [openai_model(m) for m in registry.models.values()]}
+
+    @app.get("/v1/models/{name:path}")
+    async def model(name: str) -> dict[str, Any]:
+        return openai_model(served_or_404(name))
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request) -> Response:
+        data = await body(request)
+        served = served_or_404(p.model_name(data))
+        ids = encode(served, p.chat_prompt(served, p.messages_of(data, openai=True)))
+        params = p.openai_params(served, data, limits, len(ids), registry.num_ctx)
+        return await openai_answer(request, data, served, ids, params, chat=True)
+
+    @app.post("/v1/completions")
+    async def completions(request: Request) -> Response:
+        data = await body(request)
+        served = served_or_404(p.model_name(data))
+        if not isinstance(data.get("prompt"), str):
+            raise bad("prompt: expected a string")
+        ids = encode(served, p.generate_prompt(served, {"prompt": data["prompt"]}))
+        params = p.openai_params(served, data, limits, len(ids), registry.num_ctx)
+        return await openai_answer(request, data, served, ids, params, chat=False)
+
+    async def openai_answer(request: Request, data: dict[str, Any], served: Served, ids: list[int],
+                            params: p.Params, chat: bool) -> Response:
+        ident, created = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}", int(time.time())
+        kind = "chat.completion" if chat else "text_completion"
+
+        def envelope(choices: list[dict[str, Any]], chunked: bool, **extra: Any) -> dict[str, Any]:
+            return {"id": ident, "object": kind + (".chunk" if chunked and chat else ""), "created": created,
+                    "model": data["model"], "system_fingerprint": "fp_gemmaforge", "choices": choices, **extra}
+
+        def usage(f: Finished) -> dict[str, int]:
+            return {"prompt_tokens": f.prompt_tokens, "completion_tokens": f.completion_tokens,
+                    "total_tokens": f.prompt_tokens + f.completion_tokens}
+
+        def choice(text: str | None, reason: str | None, chunked: bool) -> dict[str, Any]:
+            if not chat:
+                return {"text": text or "", "index": 0, "logprobs": None, "finish_reason": reason}
+            key = "delta" if chunked else "message"
+            content = {} if text is None else {"content": text}
+            return {"index": 0, key: {"role": "assistant", **content} if not chunked else content,
+                    "finish_reason": reason}
+
+        stream = events(served, ids, params, request)
+        if field_bool(data, "stream", False):
+            options = p.field(data, "stream_options", dict, {})
+            include_usage = p.field(options, "include_usage", bool, False, "stream_options.")
+            first = await first_event(stream)
+
+            async def sse() -> AsyncIterator[bytes]:
+                if chat:
+                    yield sse_event(envelope([{"index": 0, "delta": {"role": "assistant", "content": ""},
+                                               "finish_reason": None}], True))
+                async for event in prepend(first, stream):
+                    if isinstance(event, Delta):
+                        yield sse_event(envelope([choice(event.text, None, True)], True))
+                    elif isinstance(event, Finished):
+                        yield sse_event(envelope([choice(None if chat else "", openai_reason(event), True)], True))
+                        if include_usage:
+                            yield sse_event(envelope([], True, usage=usage(event)))
+                    else:
+                        yield sse_event({"error": {"message": event.message, "type": "api_error", "param": None,
+                                                   "code": None}})
+                yield b"data: [DONE]\n\n"
+
+            return StreamingResponse(sse(), media_type="text/event-stream")
+        text, end = await collect(stream)
+        return JSONResponse(envelope([choice(text, openai_reason(end), False)], False, usage=usage(end)))
+
+    # ------------------------------------------------------------------ adapters at runtime (vLLM's routes)
+
+    @app.post("/v1/load_lora_adapter")
+    async def load_lora_adapter(request: Request) -> Response:
+        data = await body(request)
+        name, path = p.field(data, "lora_name", str), p.field(data, "lora_path", str)
+        if not name or not path:
+            raise bad("lora_name and lora_path are required")
+        try:
+            check_name(name, "lora_name")
+            if registry.get(name) is not None:
+                raise bad(f"lora_name {name!r} is already served")
+            adapter = Path(path).expanduser()
+            if not adapter.is_dir():
+                raise bad(f"lora_path {path!r} is not a folder")
+            await asyncio.to_thread(registry.add_adapter, name, adapter)
+        except UserError as e:
+            raise bad(str(e)) from None
+        return PlainTextResponse(f"Success: LoRA adapter '{name}' added successfully.")
+
+    @app.post("/v1/unload_lora_adapter")
+    async def unload_lora_adapter(request: Request) -> Response:
+        name = p.field(await body(request), "lora_name", str)
+        if not name:
+            raise bad("lora_name is required")
+        served = served_or_404(name)
+        if served.adapter is None:
+            raise bad(f"{served.name} is not a LoRA adapter")
+        await asyncio.to_thread(registry.remove, served.name)
+        return PlainTextResponse(f"Success: LoRA adapter '{name}' removed successfully.")
+
+    return app
+
+
+def error_response(request: Request, e: ApiError) -> Response:
+    if request.url.path.startswith("/v1"):
+        content: dict[str, Any] = {"error": {"message": e.message, "type": e.kind, "param": None, "code": None}}
+    else:
+        content = {"error": e.message}
+    headers = {**e.headers, "x-should-retry": "true" if e.status == 503 else "false"}  # openai-python's retries
+    return JSONResponse(content, status_code=e.status, headers=headers)
+
+
+def field_bool(data: dict[str, Any], key: str, default: bool) -> bool:
+    return p.field(data, key, bool, default)
+
+
+def openai_model(m: Served) -> dict[str, Any]:
+    created = int(datetime.fromisoformat(m.modified_at).timestamp()) if m.modified_at else 0
+    return {"id": m.name, "object": "model", "created": created, "owned_by": "gemmaforge",
+            **({"parent": m.parent} if m.parent else {})}
+
+
+def openai_reason(f: Finished) -> str:
+    return "length" if f.reason == "length" else "stop"
+
+
+def now() -> str:
+    return datetime.now(UTC).isoformat().replace("+00:00", "Z")
+
+
+def ndjson(obj: dict[str, Any]) -> bytes:
+    return (json.dumps(obj, ensure_ascii=False) + "\n").encode()
+
+
+def sse_event(obj: dict[str, Any]) -> bytes:
+    return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n".encode()
+
+
+async def first_event(stream: AsyncIterator[Event]) -> Event:
+    try:
+        return await anext(stream)
+    except StopAsyncIteration:  # the client went away before the first token
+        raise ApiError(499, "client closed the request") from None
+
+
+async def prepend(first: Event, rest: AsyncIterator[Event]) -> AsyncIterator[Event]:
+    yield first
+    if not isinstance(first, Finished | Failed):
+        async for event in rest:
+            yield event
+
+
+async def collect(stream: AsyncIterator[Event]) -> tuple[str, Finished]:
+    parts = []
+    async for event in stream:
+        if isinstance(event, Delta):
+            parts.append(event.text)
+        elif isinstance(event, Failed):
+            raise ApiError(500, event.message, "api_error")
+        else:
+            return "".join(parts), event
+    raise ApiError(499, "client closed the request")

@@ -1,0 +1,105 @@
+"""What the HTTP layer and the engines exchange: a job (prompt ids, sampling parameters, the adapter)
+and the events an engine sends back for it (text deltas, then one Finished or Failed).
+
+Engines run in their own threads; a job hands each event to the asyncio loop of the request that
+is waiting for it, so one slow client never blocks an engine.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Params:
+    """Sampling and stopping, in Ollama's option names. temperature 0 is greedy."""
+
+    max_tokens: int
+    temperature: float = 0.8
+    top_p: float = 0.9
+    top_k: int = 40
+    min_p: float = 0.0
+    seed: int | None = None
+    repeat_penalty: float = 1.0
+    repeat_last_n: int = 64
+    stop: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Delta:
+    text: str
+
+
+@dataclass(frozen=True)
+class Finished:
+    reason: str  # "stop" (end of turn or a stop string) | "length" (max_tokens or the context) | "cancelled"
+    prompt_tokens: int
+    completion_tokens: int
+    prompt_ns: int
+    eval_ns: int
+
+
+@dataclass(frozen=True)
+class Failed:
+    message: str
+
+
+Event = Delta | Finished | Failed
+
+
+@dataclass
+class Job:
+    prompt_ids: list[int]
+    params: Params
+    adapter: str | None  # None: the base model
+    loop: asyncio.AbstractEventLoop
+    events: asyncio.Queue[Event] = field(default_factory=asyncio.Queue)
+    cancelled: threading.Event = field(default_factory=threading.Event)
+    created: float = field(default_factory=time.perf_counter_ns)
+
+    def emit(self, event: Event) -> None:
+        """Thread-safe: called from an engine thread."""
+        self.loop.call_soon_threadsafe(self.events.put_nowait, event)
+
+
+class QueueFull(Exception):
+    """The engine's waiting queue is at its bound: answer 503 with Retry-After."""
+
+
+class TextStream:
+    """Token ids -> text deltas, holding back what might still become a stop string or an incomplete
+    UTF-8 character; `push` returns (new text, whether a stop string ended the answer)."""
+
+    def __init__(self, decode: Any, stop: tuple[str, ...]):
+        self.decode, self.stop = decode, tuple(s for s in stop if s)
+        self.ids: list[int] = []
+        self.sent = 0  # characters of the decoded text already emitted
+
+    def push(self, token_id: int) -> tuple[str, bool]:
+        self.ids.append(token_id)
+        text = self.decode(self.ids)
+        for s in self.stop:
+            at = text.find(s, max(0, self.sent - len(s)))
+            if at != -1:
+                return self._take(text, at), True
+        if text.endswith("\ufffd"):  # a multi-byte character split across tokens: wait for the rest
+            return "", False
+        return self._take(text, len(text) - self._held_back(text)), False
+
+    def flush(self) -> str:
+        text = self.decode(self.ids)
+        return self._take(text, len(text.rstrip("\ufffd")))
+
+    def _held_back(self, text: str) -> int:
+        """Length of the longest tail of `text` that begins some stop string."""
+        return max((n for s in self.stop for n in range(min(len(s) - 1, len(text)), 0, -1)
+                    if text.endswith(s[:n])), default=0)
+
+    def _take(self, text: str, end: int) -> str:
+        delta = text[self.sent:end] if end > self.sent else ""
+        self.sent = max(self.sent, end)
+        return delta

@@ -1,0 +1,194 @@
+"""Request bodies of the Ollama and OpenAI APIs -> (prompt text, sampling parameters), with an error that
+names the field for every malformed request (answered 400, never 5xx)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from gemmaforge.errors import UserError
+from gemmaforge.serve.jobs import Params
+from gemmaforge.serve.registry import Served
+from gemmaforge.templates import BOS, check_roles, render_conversation
+
+OLLAMA_DEFAULTS = {"temperature": 0.8, "top_p": 0.9, "top_k": 40, "min_p": 0.0, "repeat_penalty": 1.0,
+                   "repeat_last_n": 64}
+_ROLES = ("system", "user", "assistant")
+_JSON_NAMES = {int: "number", float: "number", str: "string", bool: "boolean", dict: "object", list: "array"}
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, message: str, kind: str = "invalid_request_error",
+                 headers: dict[str, str] | None = None):
+        super().__init__(message)
+        self.status, self.message, self.kind, self.headers = status, message, kind, headers or {}
+
+
+def bad(message: str) -> ApiError:
+    return ApiError(400, message)
+
+
+@dataclass(frozen=True)
+class Limits:
+    max_tokens: int  # the most tokens one answer may have
+    max_prompt_chars: int
+
+
+def parse_json(body: bytes) -> dict[str, Any]:
+    if not body.strip():
+        raise bad("missing request body")
+    try:
+        data = json.loads(body)
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise bad(f"invalid JSON: {e}") from None
+    if not isinstance(data, dict):
+        raise bad("the request body must be a JSON object")
+    return data
+
+
+def field(data: dict[str, Any], key: str, kind: type | tuple[type, ...], default: Any = None, where: str = "") -> Any:
+    """data[key] checked against `kind` (bool is not a number, an int is a float)."""
+    value = data.get(key)
+    if value is None:
+        return default
+    kinds = kind if isinstance(kind, tuple) else (kind,)
+    if float in kinds:
+        kinds = (*kinds, int)
+    if isinstance(value, bool) and bool not in kinds or not isinstance(value, kinds):
+        names = " or ".join(dict.fromkeys(_JSON_NAMES.get(k, k.__name__) for k in kinds))
+        raise bad(f"{where}{key}: expected {names}, got {_JSON_NAMES.get(type(value), type(value).__name__)}")
+    return value
+
+
+def model_name(data: dict[str, Any]) -> str:
+    name = field(data, "model", str)
+    if not name:
+        raise bad("model is required")
+    return name
+
+
+def messages_of(data: dict[str, Any], openai: bool = False) -> list[dict[str, str]]:
+    messages = field(data, "messages", list)
+    if not messages:
+        raise bad("messages: at least one message is required")
+    out = []
+    for i, m in enumerate(messages):
+        where = f"messages[{i}]."
+        if not isinstance(m, dict):
+            raise bad(f"messages[{i}]: expected an object with role and content")
+        role = field(m, "role", str, where=where)
+        if role not in _ROLES:
+            raise bad(f"{where}role: {role!r} is not supported; expected one of {', '.join(_ROLES)}")
+        content = m.get("content")
+        if openai and isinstance(content, list):  # [{"type": "text", "text": ...}]
+            if not all(isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)
+                       for p in content):
+                raise bad(f"{where}content: only text parts are supported (this is a text model)")
+            content = "".join(p["text"] for p in content)
+        elif content is None:
+            content = ""
+        elif not isinstance(content, str):
+            raise bad(f"{where}content: expected string, got {type(content).__name__}")
+        if m.get("images"):
+            raise bad(f"{where}images: not supported (this is a text model)")
+        out.append({"role": role, "content": content})
+    return out
+
+
+def chat_prompt(served: Served, messages: list[dict[str, str]]) -> str:
+    """The training template with its generation prompt; the served system prompt when none is given.
+    Gemma 1-3 have no system turn of their own: system text goes before the first user text, as in training."""
+    if messages[0]["role"] != "system" and served.system:
+        messages = [{"role": "system", "content": served.system}, *messages]
+    try:
+        check_roles(messages, "messages")
+    except UserError as e:
+        raise bad(str(e)) from None
+    if messages[-1]["role"] != "user":
+        raise bad("messages: the last message must be from the user")
+    return render_conversation(messages, served.family, add_generation_prompt=True).text
+
+
+def generate_prompt(served: Served, data: dict[str, Any]) -> str:
+    """/api/generate and /v1/completions: `prompt` in the chat template (with `system`), or as is with `raw`."""
+    prompt = field(data, "prompt", str, "")
+    system = field(data, "system", str)
+    if field(data, "raw", bool, False):
+        if system or data.get("template") or data.get("context"):
+            raise bad("raw mode does not support template, system, or context")
+        return prompt if prompt.startswith(BOS) else BOS + prompt
+    if data.get("template"):
+        raise bad("template: a per-request template is not supported; the served model's training template is used")
+    messages = [{"role": "system", "content": system}] if system else []
+    return chat_prompt(served, [*messages, {"role": "user", "content": prompt}])
+
+
+def refuse_unsupported(data: dict[str, Any]) -> None:
+    """Fields that would change the answer in ways this server cannot honour: refused, not ignored."""
+    if data.get("images"):
+        raise bad("images: not supported (this is a text model)")
+    if data.get("format"):
+        raise bad("format: structured output (JSON mode) is not supported by gemmaforge serve")
+    if data.get("tools"):
+        raise bad("tools: this model does not support tools")
+    if data.get("think"):
+        raise bad("think: this model does not support thinking")
+    if data.get("suffix"):
+        raise bad("suffix: fill-in-the-middle is not supported by Gemma chat models")
+
+
+def ollama_params(served: Served, data: dict[str, Any], limits: Limits, n_prompt: int, num_ctx: int) -> Params:
+    options = field(data, "options", dict, {})
+    where = "options."
+    merged = {**OLLAMA_DEFAULTS, **served.options}
+    for key in ("temperature", "top_p", "min_p", "repeat_penalty"):
+        merged[key] = float(field(options, key, float, merged[key], where))
+    for key in ("top_k", "repeat_last_n", "seed", "num_predict", "num_ctx"):
+        merged[key] = field(options, key, int, merged.get(key), where)
+    stop = field(options, "stop", (list, str), [], where)
+    stop = [stop] if isinstance(stop, str) else stop
+    if not all(isinstance(s, str) for s in stop):
+        raise bad("options.stop: expected an array of strings")
+    return _params(merged, tuple(stop), limits, n_prompt, num_ctx)
+
+
+def openai_params(served: Served, data: dict[str, Any], limits: Limits, n_prompt: int, num_ctx: int) -> Params:
+    """As Ollama's OpenAI layer: temperature and top_p default to 1.0; max_tokens is num_predict."""
+    for key in ("frequency_penalty", "presence_penalty"):
+        if field(data, key, float, 0.0):
+            raise bad(f"{key}: not supported (use 0); repeat penalties are set through the Ollama API's options")
+    if field(data, "n", int, 1) != 1:
+        raise bad("n: only one choice per request is supported")
+    if (data.get("response_format") or {}).get("type", "text") != "text":
+        raise bad("response_format: structured output (JSON mode) is not supported by gemmaforge serve")
+    if data.get("tools"):
+        raise bad("tools: this model does not support tools")
+    merged = {**OLLAMA_DEFAULTS, **served.options, "temperature": 1.0, "top_p": 1.0}
+    for key in ("temperature", "top_p"):
+        merged[key] = float(field(data, key, float, merged[key]))
+    merged["seed"] = field(data, "seed", int)
+    merged["num_predict"] = field(data, "max_completion_tokens", int, field(data, "max_tokens", int))
+    stop = field(data, "stop", (list, str), [])
+    stop = [stop] if isinstance(stop, str) else stop
+    if not all(isinstance(s, str) for s in stop):
+        raise bad("stop: expected a string or an array of strings")
+    return _params(merged, tuple(stop), limits, n_prompt, num_ctx)
+
+
+def _params(o: dict[str, Any], stop: tuple[str, ...], limits: Limits, n_prompt: int, num_ctx: int) -> Params:
+    for key, low, high in (("temperature", 0, 100), ("top_p", 0, 1), ("min_p", 0, 1), ("repeat_penalty", 0, 100)):
+        if not low <= o[key] <= high:
+            raise bad(f"{key}: {o[key]} is out of range [{low}, {high}]")
+    context = min(o.get("num_ctx") or num_ctx, num_ctx)
+    if n_prompt >= context:
+        raise bad(f"the prompt is {n_prompt} tokens, which does not fit the context window of {context} tokens")
+    room = context - n_prompt
+    predict = o.get("num_predict")
+    if predict is None or predict < 0:  # -1: until the end of turn, -2: fill the context
+        predict = room
+    if predict == 0:
+        raise bad("num_predict / max_tokens: must be at least 1")
+    return Params(max_tokens=min(predict, room, limits.max_tokens), temperature=o["temperature"], top_p=o["top_p"],
+                  top_k=o["top_k"] or 0, min_p=o["min_p"], seed=o.get("seed"), repeat_penalty=o["repeat_penalty"],
+                  repeat_last_n=o["repeat_last_n"], stop=stop)

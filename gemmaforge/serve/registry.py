@@ -1,0 +1,257 @@
+"""What `gemmaforge serve` serves: each model name mapped to an engine (and an adapter inside it).
+
+A reference is a run directory (its adapter on its base model; or, with the llama.cpp engine, its
+exported GGUF), a Hugging Face model folder, a `.gguf` file, or the embedded `gemma3-270m`; `NAME=REF`
+names it. Runs on the same base share one transformers engine: the base is loaded once and every run's
+adapter sits beside it. Only safetensors and GGUF files are ever loaded (no pickle).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import threading
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from gemmaforge.errors import UserError
+from gemmaforge.families import FAMILIES, Family
+from gemmaforge.models import EMBEDDED_NAME, resolve_model
+
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}(/[A-Za-z0-9][A-Za-z0-9._-]{0,63})?(:[A-Za-z0-9._-]{1,64})?$")
+
+
+@dataclass
+class Served:
+    name: str  # as listed: "coffee:latest"
+    engine: Any  # TransformersEngine | LlamaCppEngine
+    adapter: str | None
+    family: Family
+    source: Path  # the run dir, model folder or GGUF file
+    system: str | None = None  # the system prompt the model was trained and deployed with
+    options: dict[str, Any] = field(default_factory=dict)  # Modelfile-style defaults: temperature, top_p, ...
+    details: dict[str, Any] = field(default_factory=dict)
+    size: int = 0
+    modified_at: str = ""
+    parent: str | None = None  # the base model's name, for adapters
+
+    @property
+    def digest(self) -> str:
+        return hashlib.sha256(f"{self.name}:{self.source.resolve()}".encode()).hexdigest()
+
+
+def check_name(name: str, what: str = "model name") -> str:
+    """Names appear in URLs and logs and are never used as paths: a strict pattern, no '..'."""
+    if not _NAME.match(name) or ".." in name:
+        raise UserError(f"{what} {name!r}: use letters, digits, '.', '_', '-', an optional 'namespace/' and ':tag'")
+    return name if ":" in name else f"{name}:latest"
+
+
+class Registry:
+    """Served models by name; engines by what they hold (a base model folder or a GGUF file)."""
+
+    def __init__(self, home: Path, *, num_ctx: int = 4096, max_batch: int = 16, max_queue: int = 64,
+                 dtype: str = "auto"):
+        self.home, self.num_ctx, self.max_batch, self.max_queue = home, num_ctx, max_batch, max_queue
+        self.dtype = dtype  # auto (bf16 where the hardware has it), bf16 or fp32
+        self.models: dict[str, Served] = {}
+        self.engines: dict[Path, Any] = {}
+        self._lock = threading.Lock()
+
+    # ------------------------------------------------------------------ lookup
+
+    def get(self, name: str) -> Served | None:
+        return self.models.get(name if ":" in name else f"{name}:latest")
+
+    # ------------------------------------------------------------------ adding
+
+    def add(self, spec: str, engine: str = "transformers") -> Served:
+        """`[NAME=]REF` (see the module docstring)."""
+        name, sep, ref = spec.partition("=")
+        if not sep:
+            name, ref = "", spec
+        path = Path(ref).expanduser()
+        if (path / "run.yaml").is_file():
+            served = self._add_run(path, engine, name or None)
+        elif ref.endswith(".gguf"):
+            served = self._add_gguf(path, name or path.stem)
+        elif ref == EMBEDDED_NAME or (path / "config.json").is_file():
+            served = self._add_base(ref, name or (EMBEDDED_NAME if ref == EMBEDDED_NAME else path.resolve().name))
+        else:
+            raise UserError(f"{ref}: expected a run directory (run.yaml), a Hugging Face model folder (config.json), "
+                            f"a .gguf file or '{EMBEDDED_NAME}'")
+        return served
+
+    def add_adapter(self, name: str, adapter_dir: Path) -> Served:
+        """A PEFT adapter (or a run directory's) loaded beside the base it was trained on, at runtime."""
+        from gemmaforge.runs import RunDir
+
+        if (adapter_dir / "run.yaml").is_file():
+            run = RunDir.open(adapter_dir)
+            return self._add_run(adapter_dir, "transformers", name, adapter_dir=run.adapter_dir)
+        engines = [e for e in self.engines.values() if e.kind == "transformers"]
+        base = _adapter_base(adapter_dir)
+        matching = [e for e in engines if base and Path(base).expanduser().resolve() == e.base_path] or engines
+        if len(matching) != 1:
+            raise UserError(f"{adapter_dir}: cannot tell which loaded base model it belongs to "
+                            f"(base_model_name_or_path {base!r}); serve its run directory instead")
+        engine = matching[0]
+        return self._register(Served(check_name(name), engine, None, engine.family, adapter_dir,
+                                     parent=engine.base_name), adapter_dir=adapter_dir)
+
+    def _add_run(self, root: Path, engine: str, name: str | None, adapter_dir: Path | None = None) -> Served:
+        from gemmaforge.export.gguf_shards import exports_in
+        from gemmaforge.export.ollama import ollama_model_name
+        from gemmaforge.runs import RunDir
+
+        run = RunDir.open(root)
+        config = run.config()
+        name = check_name(name or ollama_model_name(config))
+        o = config.export.ollama
+        options = {"temperature": o.temperature, "top_p": o.top_p, "top_k": o.top_k, "num_ctx": o.num_ctx}
+        system = o.system or config.data.system
+        if engine == "llamacpp":
+            files = exports_in(run.gguf_dir, "model-")
+            if not files:
+                raise UserError(f"{run.gguf_dir} has no model-<quant>.gguf: run `gemmaforge export gguf {root}` first")
+            parts = files.get("q8_0") or next(iter(files.values()))
+            served = self._add_gguf(parts[0], name, source=root)
+            served.system, served.options = system, options
+            return served
+        base = resolve_model(config.model.name_or_path, self.home, config.model.revision)
+        transformers = self._transformers_engine(base.path, base.family, base.reference)
+        served = Served(name, transformers, None, base.family, root, system=system, options=options,
+                        parent=transformers.base_name)
+        return self._register(served, adapter_dir=adapter_dir or run.require(run.adapter_dir / "adapter_config.json",
+                                                                              "train").parent)
+
+    def _add_base(self, ref: str, name: str) -> Served:
+        base = resolve_model(ref, self.home)
+        _require_safetensors(base.path)
+        engine = self._transformers_engine(base.path, base.family, ref)
+        return self._register(Served(check_name(name), engine, None, base.family, base.path))
+
+    def _add_gguf(self, path: Path, name: str, source: Path | None = None) -> Served:
+        from gemmaforge.serve.llamacpp_engine import LlamaCppEngine
+
+        if not path.is_file():
+            raise UserError(f"{path}: GGUF file not found")
+        family = _gguf_family(path)
+        with self._lock:
+            engine = self.engines.get(path.resolve())
+            if engine is None:
+                engine = self.engines[path.resolve()] = LlamaCppEngine(path, family, num_ctx=self.num_ctx,
+                                                                       max_queue=self.max_queue)
+        return self._register(Served(check_name(name), engine, None, family, source or path))
+
+    def _transformers_engine(self, base_path: Path, family: Family, reference: str) -> Any:
+        with self._lock:
+            engine = self.engines.get(base_path.resolve())
+            if engine is None:
+                engine = self.engines[base_path.resolve()] = _load_transformers(base_path, family, self)
+                engine.base_path, engine.base_name = base_path.resolve(), reference
+        return engine
+
+    def _register(self, served: Served, adapter_dir: Path | None = None) -> Served:
+        if served.name in self.models:
+            raise UserError(f"model name {served.name!r} is already served (from {self.models[served.name].source}); "
+                            "give another with NAME=PATH")
+        if adapter_dir is not None:
+            _require_safetensors(adapter_dir, "adapter_model.safetensors")
+            served.adapter = served.name
+            served.engine.load_adapter(served.name, adapter_dir)
+        served.details = _details(served)
+        served.size = sum(p.stat().st_size for p in _weight_files(served, adapter_dir))
+        served.modified_at = datetime.fromtimestamp(served.source.stat().st_mtime, UTC).isoformat()
+        self.models[served.name] = served
+        return served
+
+    # ------------------------------------------------------------------ removing
+
+    def remove(self, name: str) -> Served:
+        served = self.models.pop(name)
+        if served.adapter is not None:
+            served.engine.unload_adapter(served.adapter)
+        elif not any(m.engine is served.engine for m in self.models.values()):
+            key = next(k for k, e in self.engines.items() if e is served.engine)
+            self.engines.pop(key).close()
+        return served
+
+    def close(self) -> None:
+        for engine in self.engines.values():
+            engine.close()
+
+
+def _load_transformers(base_path: Path, family: Family, registry: Registry) -> Any:
+    import torch
+
+    from gemmaforge.models import load_causal_lm, load_tokenizer
+    from gemmaforge.serve.transformers_engine import TransformersEngine
+    from gemmaforge.train.precision import resolve_precision
+
+    dtype = torch.bfloat16 if resolve_precision(registry.dtype, family) == "bf16" else torch.float32
+    model = load_causal_lm(base_path, family, dtype)
+    if torch.cuda.is_available():
+        model = model.to("cuda")
+    return TransformersEngine(model, load_tokenizer(base_path), family, max_batch=registry.max_batch,
+                              max_queue=registry.max_queue, num_ctx=registry.num_ctx)
+
+
+def _require_safetensors(folder: Path, name: str | None = None) -> None:
+    found = (folder / name).is_file() if name else any(folder.glob("*.safetensors"))
+    if not found:
+        raise UserError(f"{folder}: no {name or '*.safetensors'} file; only safetensors and GGUF are loaded "
+                        "(pickle-based .bin files can run code)")
+
+
+def _adapter_base(adapter_dir: Path) -> str | None:
+    import json
+
+    config = adapter_dir / "adapter_config.json"
+    if not config.is_file():
+        raise UserError(f"{adapter_dir}: no adapter_config.json (expected a PEFT adapter folder or a run directory)")
+    return json.loads(config.read_text(encoding="utf-8")).get("base_model_name_or_path")
+
+
+def _gguf_family(path: Path) -> Family:
+    import gguf
+
+    try:
+        arch = gguf.GGUFReader(path).fields[gguf.Keys.General.ARCHITECTURE].contents()
+    except (ValueError, KeyError, OSError) as e:
+        raise UserError(f"{path}: not a readable GGUF file ({e})") from None
+    family = next((f for f in FAMILIES.values() if f.gguf_arch == arch), None)
+    if family is None:
+        raise UserError(f"{path}: architecture {arch!r} is not a Gemma text model")
+    return family
+
+
+def _details(served: Served) -> dict[str, Any]:
+    import gguf
+
+    engine = served.engine
+    if engine.kind == "llamacpp":
+        import llama_cpp
+
+        params, level = llama_cpp.llama_model_n_params(engine.llm.model), _gguf_quant(engine.path)
+    else:
+        params = sum(p.numel() for p in engine.model.parameters())
+        level = str(next(engine.model.parameters()).dtype).removeprefix("torch.").upper().replace("FLOAT", "F")
+    return {"parent_model": served.parent or "", "format": "gguf" if engine.kind == "llamacpp" else "safetensors",
+            "family": served.family.name, "families": [served.family.name],
+            "parameter_size": gguf.size_label(params, params, 0, 0), "quantization_level": level}
+
+
+def _gguf_quant(path: Path) -> str:
+    match = re.search(r"(f32|f16|bf16|q\d_[0k](?:_[ms])?)", path.name, flags=re.IGNORECASE)
+    return match[1].upper() if match else ""
+
+
+def _weight_files(served: Served, adapter_dir: Path | None) -> list[Path]:
+    if adapter_dir is not None:
+        return [adapter_dir / "adapter_model.safetensors"]
+    if served.engine.kind == "llamacpp":
+        return [served.engine.path]
+    return list(served.source.glob("*.safetensors"))

@@ -1,0 +1,43 @@
+"""Next-token choice for one sequence, with Ollama's options and in llama.cpp's order: repeat penalty,
+top-k, top-p, min-p, temperature; temperature 0 is greedy."""
+
+from __future__ import annotations
+
+import torch
+
+from gemmaforge.serve.jobs import Params
+
+
+def new_generator(seed: int | None) -> torch.Generator:
+    generator = torch.Generator()
+    if seed is None or seed < 0:
+        generator.seed()
+    else:
+        generator.manual_seed(seed)
+    return generator
+
+
+def choose_token(logits: torch.Tensor, params: Params, history: list[int], generator: torch.Generator) -> int:
+    """`logits`: (vocab,) float32 for one sequence; `history`: its prompt and answer so far."""
+    if params.repeat_penalty != 1.0 and params.repeat_last_n != 0 and history:
+        recent = history if params.repeat_last_n < 0 else history[-params.repeat_last_n:]
+        index = torch.tensor(sorted(set(recent)), dtype=torch.long)
+        seen = logits[index]
+        logits = logits.index_copy(0, index, torch.where(seen > 0, seen / params.repeat_penalty,
+                                                         seen * params.repeat_penalty))
+    if params.temperature <= 0:
+        return int(torch.argmax(logits))
+    if params.top_k > 0:
+        values, index = torch.topk(logits, min(params.top_k, logits.numel()))
+    else:
+        values, index = torch.sort(logits, descending=True)
+    probs = torch.softmax(values.float(), dim=-1)
+    keep = torch.ones_like(probs, dtype=torch.bool)
+    if params.top_p < 1.0:
+        before = torch.cumsum(probs, dim=-1) - probs  # mass of the better tokens: keep while below top_p
+        keep &= before < params.top_p
+    if params.min_p > 0.0:
+        keep &= probs >= params.min_p * probs[0]
+    values = values[keep]  # the best token always survives
+    probs = torch.softmax(values.float() / params.temperature, dim=-1)
+    return int(index[keep][torch.multinomial(probs, 1, generator=generator)])

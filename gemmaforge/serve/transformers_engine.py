@@ -1,0 +1,286 @@
+"""One base model in memory, any number of LoRA adapters beside it, and a scheduler thread that batches
+every running request at each decoding step.
+
+Requests on the same adapter decode together as one batch whose KV cache lives on a shared, left-padded
+timeline: a new request is prefilled alone and joins the batch at the next step (its cache padded on the
+left to the batch's width, or the batch's to its); a finished or disconnected request leaves at once.
+Requests on different adapters form separate batches that take turns step by step (PEFT switches the
+active adapter between steps, so every adapter kind, trained token rows included, computes exactly what
+it computes alone).
+"""
+
+from __future__ import annotations
+
+import inspect
+import itertools
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from gemmaforge.families import Family
+from gemmaforge.serve.jobs import Delta, Failed, Finished, Job, QueueFull, TextStream
+from gemmaforge.serve.sampling import choose_token, new_generator
+
+
+@dataclass
+class _Running:
+    job: Job
+    stream: TextStream
+    generator: torch.Generator
+    history: list[int]
+    prompt_ns: int
+    started_ns: int
+    answer: int = 0  # tokens generated (the stop token excluded)
+
+
+@dataclass
+class _Batch:
+    """The running requests of one adapter: row i of every tensor belongs to rows[i]."""
+
+    rows: list[_Running] = field(default_factory=list)
+    cache: Any = None  # DynamicCache, (B, heads, width, head_dim) per layer
+    mask: torch.Tensor | None = None  # (B, width): 1 where a row has a real token
+    positions: torch.Tensor | None = None  # (B,): the position of each row's next token
+    last: torch.Tensor | None = None  # (B,): each row's latest token, the next step's input
+
+
+class TransformersEngine:
+    kind = "transformers"
+
+    def __init__(self, model: Any, tokenizer: Any, family: Family, *, max_batch: int = 16, max_queue: int = 64,
+                 num_ctx: int = 4096):
+        self.model, self.tokenizer, self.family = model.eval(), tokenizer, family
+        self.device = next(model.parameters()).device
+        self.peft: Any = None  # the PeftModel once an adapter is loaded
+        self.adapters: dict[str, Path] = {}
+        self.max_batch, self.max_queue, self.num_ctx = max_batch, max_queue, num_ctx
+        self.stops = {tokenizer.eos_token_id, *tokenizer.convert_tokens_to_ids(list(family.stop))}
+        # transformers 5.x renamed `past_key_values` to `cache` (the old name warns, then goes in 5.40)
+        self._cache_kw = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+        self._waiting: deque[Job] = deque()
+        self._batches: dict[str | None, _Batch] = {}
+        self._wake = threading.Condition()
+        self._model_lock = threading.Lock()  # adapter loading vs. a step in flight
+        self._closed = False
+        self._thread = threading.Thread(target=self._loop, name="gemmaforge-transformers-engine", daemon=True)
+        self._thread.start()
+
+    # ------------------------------------------------------------------ adapters and requests
+
+    def encode(self, text: str) -> list[int]:
+        return self.tokenizer(text, add_special_tokens=False).input_ids
+
+    def load_adapter(self, name: str, path: Path) -> None:
+        from peft import PeftModel
+
+        from gemmaforge.train.template_tokens import use_sparse_template_tokens
+
+        with self._model_lock:
+            if self.peft is None:
+                self.peft = PeftModel.from_pretrained(self.model, path, adapter_name=name, is_trainable=False)
+            else:
+                self.peft.load_adapter(path, adapter_name=name, is_trainable=False)
+            use_sparse_template_tokens(self.peft)
+            self.adapters[name] = path
+
+    def unload_adapter(self, name: str) -> None:
+        with self._wake:  # its requests end now; new ones can no longer name it
+            for job in [*self._waiting, *(r.job for r in self._batches.get(name, _Batch()).rows)]:
+                if job.adapter == name:
+                    job.cancelled.set()
+        with self._model_lock:
+            self._end_cancelled()
+            self.peft.delete_adapter(name)
+            del self.adapters[name]
+
+    def submit(self, job: Job) -> None:
+        with self._wake:
+            if len(self._waiting) >= self.max_queue:
+                raise QueueFull(f"{len(self._waiting)} requests are waiting")
+            self._waiting.append(job)
+            self._wake.notify()
+
+    def running(self) -> int:
+        return sum(len(b.rows) for b in self._batches.values()) + len(self._waiting)
+
+    def close(self) -> None:
+        with self._wake:
+            self._closed = True
+            self._wake.notify()
+        self._thread.join(timeout=10)
+
+    # ------------------------------------------------------------------ the scheduler
+
+    def _loop(self) -> None:
+        turns = itertools.count()
+        while True:
+            with self._wake:
+                while not self._closed and not self._waiting and not any(b.rows for b in self._batches.values()):
+                    self._wake.wait()
+                if self._closed:
+                    return
+                room = self.max_batch - sum(len(b.rows) for b in self._batches.values())
+                admitted = [self._waiting.popleft() for _ in range(min(room, len(self._waiting)))]
+            with self._model_lock, torch.inference_mode():
+                for job in admitted:
+                    self._guarded(job, self._prefill)
+                self._end_cancelled()
+                active = [a for a, b in self._batches.items() if b.rows]
+                if active:  # one step for one adapter's batch, adapters in turn
+                    self._step(active[next(turns) % len(active)])
+
+    def _guarded(self, job: Job, action: Any) -> None:
+        try:
+            action(job)
+        except Exception as e:  # noqa: BLE001  (an engine fault ends this request with an error, never the server)
+            job.emit(Failed(f"generation failed: {type(e).__name__}: {e}"))
+
+    def _forward(self, adapter: str | None, cache: Any, **inputs: Any) -> torch.Tensor:
+        """Last-position logits (B, vocab) in float32, computed with `adapter` (None: the base model)."""
+        inputs[self._cache_kw] = cache
+        if self.peft is None:
+            out = self.model(**inputs, use_cache=True, logits_to_keep=1)
+        elif adapter is None:
+            with self.peft.disable_adapter():
+                out = self.peft(**inputs, use_cache=True, logits_to_keep=1)
+        else:
+            self.peft.set_adapter(adapter)
+            out = self.peft(**inputs, use_cache=True, logits_to_keep=1)
+        return out.logits[:, -1].float().cpu()
+
+    def _prefill(self, job: Job) -> None:
+        from transformers import DynamicCache
+
+        if job.cancelled.is_set():
+            job.emit(Finished("cancelled", len(job.prompt_ids), 0, 0, 0))
+            return
+        start = time.perf_counter_ns()
+        n = len(job.prompt_ids)
+        cache = DynamicCache()  # full-length layers: the sliding window is applied by the attention mask
+        on = {"device": self.device}
+        logits = self._forward(job.adapter, cache, input_ids=torch.tensor([job.prompt_ids], **on),
+                               attention_mask=torch.ones((1, n), dtype=torch.long, **on),
+                               position_ids=torch.arange(n, **on)[None], cache_position=torch.arange(n, **on))
+        now = time.perf_counter_ns()
+        row = _Running(job, TextStream(self._decode, job.params.stop), new_generator(job.params.seed),
+                       list(job.prompt_ids), prompt_ns=now - start, started_ns=now)
+        single = _Batch([row], cache, torch.ones((1, n), dtype=torch.long, **on), torch.tensor([n], **on),
+                        torch.tensor([0], **on))
+        token = choose_token(logits[0], job.params, row.history, row.generator)
+        if not self._accept(row, token):
+            self._batches[job.adapter] = _join(self._batches.get(job.adapter), single, token)
+
+    def _step(self, adapter: str | None) -> None:
+        batch = self._batches[adapter]
+        width = batch.mask.shape[1]
+        batch.mask = torch.cat([batch.mask, batch.mask.new_ones((len(batch.rows), 1))], dim=1)
+        try:
+            logits = self._forward(adapter, batch.cache, input_ids=batch.last[:, None],
+                                   attention_mask=batch.mask, position_ids=batch.positions[:, None],
+                                   cache_position=torch.tensor([width], device=self.device))
+        except Exception as e:  # noqa: BLE001  (a fault in a step fails that batch's requests, not the server)
+            for row in batch.rows:
+                row.job.emit(Failed(f"generation failed: {type(e).__name__}: {e}"))
+            del self._batches[adapter]
+            return
+        batch.positions = batch.positions + 1
+        keep = []
+        for i, row in enumerate(batch.rows):
+            token = choose_token(logits[i], row.job.params, row.history, row.generator)
+            if not self._accept(row, token):
+                batch.last[i] = token
+                keep.append(i)
+        if len(keep) < len(batch.rows):
+            _select(batch, keep)
+
+    def _accept(self, row: _Running, token: int) -> bool:
+        """Record `token` for `row` and stream its text; True when the request is finished."""
+        job, params = row.job, row.job.params
+        reason = None
+        if job.cancelled.is_set():
+            reason = "cancelled"
+        elif token in self.stops:
+            reason = "stop"
+        else:
+            row.answer += 1
+            row.history.append(token)
+            delta, stopped = row.stream.push(token)
+            if delta:
+                job.emit(Delta(delta))
+            if stopped:
+                reason = "stop"
+            elif row.answer >= params.max_tokens or len(row.history) >= self.num_ctx:
+                reason = "length"
+        if reason is None:
+            return False
+        if reason == "length" and (rest := row.stream.flush()):
+            job.emit(Delta(rest))
+        job.emit(Finished(reason, len(job.prompt_ids), row.answer, row.prompt_ns,
+                          time.perf_counter_ns() - row.started_ns))
+        return True
+
+    def _end_cancelled(self) -> None:
+        """Drop requests whose client went away (or whose adapter was unloaded) without another step."""
+        for adapter, batch in list(self._batches.items()):
+            keep = [i for i, r in enumerate(batch.rows) if not r.job.cancelled.is_set()]
+            for r in batch.rows:
+                if r.job.cancelled.is_set():
+                    r.job.emit(Finished("cancelled", len(r.job.prompt_ids), r.answer, r.prompt_ns, 0))
+            if len(keep) < len(batch.rows):
+                _select(batch, keep)
+        with self._wake:
+            for job in [j for j in self._waiting if j.cancelled.is_set()]:
+                self._waiting.remove(job)
+                job.emit(Finished("cancelled", len(job.prompt_ids), 0, 0, 0))
+
+    def _decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=True)
+
+
+def _join(batch: _Batch | None, new: _Batch, token: int) -> _Batch:
+    """`new` (one prefilled row whose first answer token is `token`) added to `batch`, both padded on the
+    left to a common width so that every row's latest token sits in the last column."""
+    new.last[0] = token
+    if batch is None or not batch.rows:
+        return new
+    width, new_width = batch.mask.shape[1], new.mask.shape[1]
+    if new_width < width:
+        _pad_left(new, width - new_width)
+    elif width < new_width:
+        _pad_left(batch, new_width - width)
+    for layer, extra in zip(batch.cache.layers, new.cache.layers):
+        layer.keys = torch.cat([layer.keys, extra.keys])
+        layer.values = torch.cat([layer.values, extra.values])
+    batch.rows += new.rows
+    batch.mask = torch.cat([batch.mask, new.mask])
+    batch.positions = torch.cat([batch.positions, new.positions])
+    batch.last = torch.cat([batch.last, new.last])
+    return batch
+
+
+def _pad_left(batch: _Batch, n: int) -> None:
+    for layer in batch.cache.layers:
+        shape = (*layer.keys.shape[:2], n, layer.keys.shape[3])
+        layer.keys = torch.cat([layer.keys.new_zeros(shape), layer.keys], dim=2)
+        layer.values = torch.cat([layer.values.new_zeros(shape), layer.values], dim=2)
+    batch.mask = torch.cat([batch.mask.new_zeros((batch.mask.shape[0], n)), batch.mask], dim=1)
+
+
+def _select(batch: _Batch, keep: list[int]) -> None:
+    """Keep only rows `keep`, and drop the left columns that no remaining row uses."""
+    batch.rows = [batch.rows[i] for i in keep]
+    if not keep:
+        batch.cache = batch.mask = batch.positions = batch.last = None
+        return
+    index = torch.tensor(keep, device=batch.mask.device)
+    mask = batch.mask[index]
+    first = int(mask.any(dim=0).int().argmax())  # the first column some row still needs
+    batch.mask, batch.positions, batch.last = mask[:, first:], batch.positions[index], batch.last[index]
+    for layer in batch.cache.layers:
+        layer.keys = layer.keys[index, :, first:]
+        layer.values = layer.values[index, :, first:]
