@@ -67,6 +67,7 @@ class TransformersEngine:
         self._wake = threading.Condition()
         self._model_lock = threading.Lock()  # adapter loading vs. a step in flight
         self._closed = False
+        self.widest_batch = 0  # the most requests one decoding step has served (observability, tests)
         self._thread = threading.Thread(target=self._loop, name="gemmaforge-transformers-engine", daemon=True)
         self._thread.start()
 
@@ -177,6 +178,7 @@ class TransformersEngine:
 
     def _step(self, adapter: str | None) -> None:
         batch = self._batches[adapter]
+        self.widest_batch = max(self.widest_batch, len(batch.rows))
         width = batch.mask.shape[1]
         batch.mask = torch.cat([batch.mask, batch.mask.new_ones((len(batch.rows), 1))], dim=1)
         try:

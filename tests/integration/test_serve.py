@@ -338,3 +338,29 @@ def test_chat_cli_streams_keeps_history_and_obeys_commands(server, capsys) -> No
     assert [m["role"] for m in seen[1]["messages"]] == ["system", "user", "assistant", "user"]
     assert seen[1]["messages"][0]["content"] == "You are a barista."
     assert seen[1]["messages"][2]["content"] and seen[1]["messages"][2]["content"] in text
+
+
+def test_delete_unloads_a_model_and_keeps_the_rest_serving(client, server) -> None:
+    engine = server[1].get("gguf").engine
+    client.delete("gguf")
+    assert "gguf:latest" not in [m.model for m in client.list().models]
+    assert not engine._thread.is_alive()  # its llama.cpp engine is closed: no other model used it
+    with pytest.raises(ollama.ResponseError) as e:
+        client.delete("gguf")
+    assert e.value.status_code == 404
+    assert client.chat(model="base", messages=HI, options=GREEDY).done
+
+
+def test_serve_and_chat_refuse_bad_input_with_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                     tiny_gemma3_dir: Path) -> None:
+    assert main(["serve", str(tiny_gemma3_dir), "--host", "0.0.0.0"]) == 2
+    assert "exposes the server beyond this machine: give --api-key" in capsys.readouterr().err
+    assert main(["serve", str(tmp_path)]) == 2
+    assert "expected a run directory (run.yaml), a Hugging Face model folder" in capsys.readouterr().err
+    assert main(["serve", f"bad/../name={tiny_gemma3_dir}"]) == 2
+    assert "model name 'bad/../name'" in capsys.readouterr().err
+    (tmp_path / "config.json").write_text('{"model_type": "gemma3_text"}')
+    assert main(["serve", str(tmp_path)]) == 2
+    assert "only safetensors and GGUF are loaded" in capsys.readouterr().err
+    assert main(["chat", "http://127.0.0.1:9"]) == 2
+    assert "no Ollama-compatible server answers there" in capsys.readouterr().err
