@@ -90,6 +90,22 @@ def load_causal_lm(model_dir: Path, family: Family, dtype: Any = None, load_in_4
     )
 
 
+def fast_last_position_logits(model: Any) -> Any:
+    """Generation asks for the last position's logits only (`logits_to_keep`), handing the output layer a
+    view of the hidden states whose batch stride is not rows x hidden. torch's CPU linear then copies the
+    whole weight first: 0.7 s for Gemma's 262k-row output layer at every prefill (measured, bf16 and fp32).
+    A fresh copy of the (batch, 1, hidden) input costs nothing and takes the fast path."""
+
+    def standard_layout(_module: Any, args: tuple[Any, ...]) -> tuple[Any, ...] | None:
+        x = args[0]
+        if x.dim() == 3 and x.stride(0) != x.shape[1] * x.shape[2]:
+            return (x.new_empty(x.shape).copy_(x), *args[1:])
+        return None
+
+    model.get_output_embeddings().register_forward_pre_hook(standard_layout)
+    return model
+
+
 # ---------------------------------------------------------------------------- sources
 
 

@@ -37,7 +37,7 @@ from gemmaforge.evaluate.scoring import (
 from gemmaforge.evaluate.suite import Case, load_suite, val_sample_suite
 from gemmaforge.export.gguf_shards import exports_in, gguf_parts
 from gemmaforge.families import Family
-from gemmaforge.models import ResolvedModel, load_causal_lm, load_tokenizer
+from gemmaforge.models import ResolvedModel, fast_last_position_logits, load_causal_lm, load_tokenizer
 from gemmaforge.runs import RunDir
 from gemmaforge.train.template_tokens import use_sparse_template_tokens
 
@@ -66,7 +66,8 @@ def evaluate(run: RunDir, config: RunConfig, base: ResolvedModel) -> dict[str, A
     gguf = deployed_gguf(run, ec) if ec.engine == "llamacpp" else None
     family = base.family
     tokenizer = load_tokenizer(adapter)
-    model = PeftModel.from_pretrained(load_causal_lm(base.path, family, torch.float32), adapter)
+    model = PeftModel.from_pretrained(fast_last_position_logits(load_causal_lm(base.path, family, torch.float32)),
+                                      adapter)
     use_sparse_template_tokens(model)  # PEFT's own forward rebuilds the 262k-row output layer at every token
     probes = retention_probes() if ec.retention else []
     probe_chats = [probe_conversation(p, system) for p in probes]

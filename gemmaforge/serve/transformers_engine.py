@@ -23,6 +23,7 @@ from typing import Any
 import torch
 
 from gemmaforge.families import Family
+from gemmaforge.models import fast_last_position_logits
 from gemmaforge.serve.jobs import Delta, Failed, Finished, Job, QueueFull, TextStream
 from gemmaforge.serve.sampling import choose_token, new_generator
 
@@ -54,7 +55,7 @@ class TransformersEngine:
 
     def __init__(self, model: Any, tokenizer: Any, family: Family, *, max_batch: int = 16, max_queue: int = 64,
                  num_ctx: int = 4096):
-        self.model, self.tokenizer, self.family = model.eval(), tokenizer, family
+        self.model, self.tokenizer, self.family = fast_last_position_logits(model.eval()), tokenizer, family
         self.device = next(model.parameters()).device
         self.peft: Any = None  # the PeftModel once an adapter is loaded
         self.adapters: dict[str, Path] = {}
