@@ -136,7 +136,8 @@ def main() -> None:
         ("gemmaforge serve, transformers (bf16 where the CPU has it), base + adapter", gemmaforge, name),
         (f"gemmaforge serve, llama.cpp ({args.quant} merged)", [*gemmaforge, "--engine", "llamacpp"], name),
         (f"llama-cpp-python server ({args.quant} merged)",
-         [sys.executable, "-m", "llama_cpp.server", "--model", str(gguf), "--n_ctx", "4096"], str(gguf)),
+         [sys.executable, "-m", "llama_cpp.server", "--model", str(gguf), "--n_ctx", "4096",
+          "--n_threads", str(os.cpu_count())], str(gguf)),  # its default is half the cores
     ]
     rows = []
     for label, command, model in servers:
