@@ -38,6 +38,8 @@ EPILOG = """examples:
   gemmaforge export gguf runs/quickstart --quant f16 --quant q4_k_m
   gemmaforge export verify runs/quickstart                 # every GGUF against the merged model
   gemmaforge export ollama runs/quickstart --create
+  gemmaforge serve runs/quickstart                         # Ollama + OpenAI APIs on 127.0.0.1:11434
+  gemmaforge chat runs/quickstart                          # talk to it in the terminal
 """
 
 

@@ -53,6 +53,10 @@ def create_app(registry: Registry, *, api_key: str | None = None, max_tokens: in
     async def api_error(request: Request, e: ApiError) -> Response:
         return error_response(request, e)
 
+    @app.exception_handler(Exception)
+    async def server_fault(request: Request, e: Exception) -> Response:  # a bug, still in the API's shape
+        return error_response(request, ApiError(500, f"internal error: {type(e).__name__}: {e}", "api_error"))
+
     @app.exception_handler(404)
     async def not_found(request: Request, _e: Exception) -> Response:
         message = f"{request.method} {request.url.path} is not a route of this server"
@@ -123,14 +127,14 @@ def create_app(registry: Registry, *, api_key: str | None = None, max_tokens: in
     @app.get("/api/tags")
     async def tags() -> dict[str, Any]:
         return {"models": [{"name": m.name, "model": m.name, "modified_at": m.modified_at, "size": m.size,
-                            "digest": m.digest, "details": m.details} for m in registry.models.values()]}
+                            "digest": m.digest, "details": m.details} for m in list(registry.models.values())]}
 
     @app.get("/api/ps")
     async def ps() -> dict[str, Any]:
         expires = (datetime.now(UTC) + timedelta(days=365)).isoformat()  # loaded until the server stops
         return {"models": [{"name": m.name, "model": m.name, "size": m.size, "digest": m.digest, "details": m.details,
                             "expires_at": expires, "size_vram": 0, "context_length": registry.num_ctx}
-                           for m in registry.models.values()]}
+                           for m in list(registry.models.values())]}
 
     @app.post("/api/show")
     async def show(request: Request) -> dict[str, Any]:
@@ -206,7 +210,7 @@ def create_app(registry: Registry, *, api_key: str | None = None, max_tokens: in
 
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
-        return {"object": "list", "data": [openai_model(m) for m in registry.models.values()]}
+        return {"object": "list", "data": [openai_model(m) for m in list(registry.models.values())]}
 
     @app.get("/v1/models/{name:path}")
     async def model(name: str) -> dict[str, Any]:

@@ -97,8 +97,11 @@ class TransformersEngine:
                     job.cancelled.set()
         with self._model_lock:
             self._end_cancelled()
-            self.peft.delete_adapter(name)
             del self.adapters[name]
+            if self.adapters:
+                self.peft.delete_adapter(name)
+            else:  # the last one: take the adapter layers out, so that the next load starts clean
+                self.model, self.peft = self.peft.unload(), None
 
     def submit(self, job: Job) -> None:
         with self._wake:

@@ -364,3 +364,14 @@ def test_serve_and_chat_refuse_bad_input_with_exit_2(tmp_path: Path, capsys: pyt
     assert "only safetensors and GGUF are loaded" in capsys.readouterr().err
     assert main(["chat", "http://127.0.0.1:9"]) == 2
     assert "no Ollama-compatible server answers there" in capsys.readouterr().err
+
+
+def test_the_last_adapter_can_be_deleted_and_loaded_again(client, server, run_dir: Path) -> None:
+    before = client.chat(model="tiny-coffee", messages=HI, options=GREEDY).message.content
+    base = client.chat(model="base", messages=HI, options=GREEDY).message.content
+    client.delete("tiny-coffee")  # the only adapter: its layers leave the base model
+    assert client.chat(model="base", messages=HI, options=GREEDY).message.content == base
+    body = {"lora_name": "tiny-coffee", "lora_path": str(run_dir)}  # a run directory works as well
+    response = httpx.post(server[0] + "/v1/load_lora_adapter", json=body)
+    assert response.status_code == 200, response.text
+    assert client.chat(model="tiny-coffee", messages=HI, options=GREEDY).message.content == before
