@@ -8,6 +8,7 @@ as the stream's last message. A client that goes away stops its generation.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import secrets
 import time
@@ -93,21 +94,23 @@ def create_app(registry: Registry, *, api_key: str | None = None, max_tokens: in
         except QueueFull as e:
             raise ApiError(503, f"the server is busy ({e}); retry shortly", "api_error", {"Retry-After": "1"}) from None
         deadline = time.monotonic() + timeout_s
-        timed_out = False
+        next_check = time.monotonic() + 0.5
         try:
             while True:
                 try:
                     event = await asyncio.wait_for(job.events.get(), timeout=0.5)
                 except TimeoutError:
+                    event = None
+                if time.monotonic() >= next_check:  # even while tokens flow: a client gone, the time limit
+                    next_check = time.monotonic() + 0.5
                     if await request.is_disconnected():
                         return
                     if time.monotonic() > deadline:
-                        timed_out = True
                         job.cancelled.set()
+                if event is None:
                     continue
-                if isinstance(event, Finished) and timed_out:  # the time limit cut the answer, as a length limit
-                    event = Finished("length", *[getattr(event, k) for k in
-                                                  ("prompt_tokens", "completion_tokens", "prompt_ns", "eval_ns")])
+                if isinstance(event, Finished) and event.reason == "cancelled":  # cut by the time limit
+                    event = dataclasses.replace(event, reason="length")
                 yield event
                 if isinstance(event, Finished | Failed):
                     return

@@ -299,6 +299,20 @@ def test_a_full_queue_answers_503_with_retry_after(tiny_gemma3_dir: Path) -> Non
         registry.close()
 
 
+def test_a_request_stops_at_the_time_limit(tiny_gemma3_dir: Path) -> None:
+    options = ServeOptions(timeout_s=1.0)
+    registry = load_registry([f"tiny={tiny_gemma3_dir}"], options, default_home())
+    body = {"model": "tiny", "prompt": "coffee", "stream": False, "options": {"num_predict": 3000, "temperature": 0}}
+    try:
+        with background_server(registry, options) as url:
+            begin = time.monotonic()
+            reply = httpx.post(url + "/api/generate", json=body, timeout=60).json()
+            assert time.monotonic() - begin < 10 and reply["done_reason"] == "length"
+            assert 0 < reply["eval_count"] < 3000 and registry.get("tiny").engine.running() == 0
+    finally:
+        registry.close()
+
+
 def test_an_api_key_is_required_when_set(tiny_gemma3_dir: Path) -> None:
     options = ServeOptions(api_key="s3cret")
     registry = load_registry([f"tiny={tiny_gemma3_dir}"], options, default_home())
