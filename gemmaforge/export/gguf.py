@@ -13,7 +13,7 @@ import json
 import math
 import shutil
 from collections.abc import Callable, Iterator
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,7 +25,7 @@ from safetensors import safe_open
 
 from gemmaforge.config import GGUF_QUANTS
 from gemmaforge.errors import UserError
-from gemmaforge.export.gguf_shards import NO_SPLIT, Split, gguf_parts, split_gguf_file, staged_output
+from gemmaforge.export.gguf_shards import NO_SPLIT, Split, gguf_file, gguf_parts, split_gguf_file
 from gemmaforge.export.gguf_vocab import load_vocab
 from gemmaforge.export.quantize import K_QUANTS, llama_cpp_quantize, quantizer
 from gemmaforge.families import family_for_model_type
@@ -295,18 +295,6 @@ def _vocab_to_gguf(w: gguf.GGUFWriter, model_dir: Path, n_vocab: int, chat_templ
 
 
 _METADATA_ALLOWANCE = 64 * 2**20  # vocabulary, chat template, header: a few MiB for a 262k vocabulary
-
-
-@contextmanager
-def gguf_file(out_path: Path, arch: str, split: Split = NO_SPLIT) -> Iterator[gguf.GGUFWriter]:
-    """A GGUFWriter whose file (or shards, with `split`) replace `out_path` only when the body completes,
-    and are removed when it fails (see gguf_shards.staged_output)."""
-    with staged_output(out_path) as staged:
-        writer = gguf.GGUFWriter(staged, arch, split_max_size=split.max_bytes, split_max_tensors=split.max_tensors)
-        try:
-            yield writer
-        finally:
-            writer.close()
 
 
 def _check_room(folder: Path, needed: int) -> None:

@@ -19,7 +19,7 @@ from safetensors import safe_open
 
 from gemmaforge.errors import UserError
 from gemmaforge.export.adapter_limits import require_plain_lora
-from gemmaforge.export.gguf import gguf_file
+from gemmaforge.export.gguf_shards import gguf_file
 from gemmaforge.families import Family
 
 _PREFIX = "base_model.model."

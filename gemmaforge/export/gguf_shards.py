@@ -71,6 +71,12 @@ def gguf_parts(path: Path) -> list[Path]:
     return shards
 
 
+def shard_set(path: Path) -> list[Path]:
+    """Every file of the export that `path` (a whole file, or the first shard llama.cpp opens) belongs to."""
+    m = _SHARD.match(path.name)
+    return gguf_parts(path.with_name(f"{m['stem']}.gguf")) if m else [path]
+
+
 def exports_in(folder: Path, prefix: str) -> dict[str, list[Path]]:
     """Every export in `folder` whose name starts with `prefix` (whole or split), by the rest of its
     name: {"f16": [model-f16.gguf], "q8_0": [model-q8_0-00001-of-00002.gguf, ...]} for prefix "model-"."""
@@ -115,27 +121,35 @@ def staged_output(out_path: Path) -> Iterator[Path]:
         shutil.rmtree(staging, ignore_errors=True)
 
 
+@contextmanager
+def gguf_file(out_path: Path, arch: str, split: Split = NO_SPLIT) -> Iterator[gguf.GGUFWriter]:
+    """A GGUFWriter whose file (or shards, with `split`) replace `out_path` only when the body completes,
+    and are removed when it fails (see staged_output)."""
+    with staged_output(out_path) as staged:
+        writer = gguf.GGUFWriter(staged, arch, split_max_size=split.max_bytes, split_max_tensors=split.max_tensors)
+        try:
+            yield writer
+        finally:
+            writer.close()
+
+
 def split_gguf_file(source: Path, out_path: Path, split: Split) -> list[Path]:
     """Rewrite the single GGUF `source` as shards of `out_path` (for files made by llama.cpp's quantizer),
     copying every key and tensor byte for byte. Returns the parts written."""
     reader = gguf.GGUFReader(source)
     arch = reader.fields[gguf.Keys.General.ARCHITECTURE].contents()
-    with staged_output(out_path) as staged:
-        writer = gguf.GGUFWriter(staged, arch, split_max_size=split.max_bytes, split_max_tensors=split.max_tensors)
-        try:
-            for field in reader.fields.values():
-                if field.name.startswith("GGUF.") or field.name == gguf.Keys.General.ARCHITECTURE:
-                    continue  # the header's own counts, and the key the writer adds itself
-                sub_type = field.types[-1] if field.types[0] == gguf.GGUFValueType.ARRAY else None
-                writer.add_key_value(field.name, field.contents(), field.types[0], sub_type)
-            for t in reader.tensors:  # reader shapes are GGUF order (columns first); the writer takes numpy order
-                shape = tuple(int(d) for d in reversed(t.shape))
-                writer.add_tensor_info(t.name, shape, np.dtype(np.float32), t.n_bytes, raw_dtype=t.tensor_type)
-            writer.write_header_to_file()
-            writer.write_kv_data_to_file()
-            writer.write_ti_data_to_file()
-            for t in reader.tensors:
-                writer.write_tensor_data(np.asarray(t.data))
-        finally:
-            writer.close()
+    with gguf_file(out_path, arch, split) as writer:
+        for field in reader.fields.values():
+            if field.name.startswith("GGUF.") or field.name == gguf.Keys.General.ARCHITECTURE:
+                continue  # the header's own counts, and the key the writer adds itself
+            sub_type = field.types[-1] if field.types[0] == gguf.GGUFValueType.ARRAY else None
+            writer.add_key_value(field.name, field.contents(), field.types[0], sub_type)
+        for t in reader.tensors:  # reader shapes are GGUF order (columns first); the writer takes numpy order
+            shape = tuple(int(d) for d in reversed(t.shape))
+            writer.add_tensor_info(t.name, shape, np.dtype(np.float32), t.n_bytes, raw_dtype=t.tensor_type)
+        writer.write_header_to_file()
+        writer.write_kv_data_to_file()
+        writer.write_ti_data_to_file()
+        for t in reader.tensors:
+            writer.write_tensor_data(np.asarray(t.data))
     return gguf_parts(out_path)

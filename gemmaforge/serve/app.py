@@ -35,7 +35,7 @@ MAX_BODY = 4 * 2**20
 def create_app(registry: Registry, *, api_key: str | None = None, max_tokens: int = 4096,
                timeout_s: float = 600.0) -> FastAPI:
     app = FastAPI(title="gemmaforge serve", version=__version__, docs_url=None, redoc_url=None, openapi_url=None)
-    limits = Limits(max_tokens=max_tokens, max_prompt_chars=MAX_BODY)
+    limits = Limits(max_tokens=max_tokens)
 
     @app.middleware("http")
     async def guard(request: Request, call_next: Any) -> Response:
@@ -80,11 +80,6 @@ def create_app(registry: Registry, *, api_key: str | None = None, max_tokens: in
         if served is None:
             raise ApiError(404, f"model '{name}' not found", "not_found_error")
         return served
-
-    def encode(served: Served, prompt: str) -> list[int]:
-        if len(prompt) > limits.max_prompt_chars:
-            raise bad(f"the prompt is longer than {limits.max_prompt_chars} characters")
-        return served.engine.encode(prompt)
 
     async def events(served: Served, ids: list[int], params: p.Params, request: Request) -> AsyncIterator[Event]:
         """Submit a job and yield its events; a disconnected client or the timeout cancels it."""
@@ -154,8 +149,8 @@ def create_app(registry: Registry, *, api_key: str | None = None, max_tokens: in
     @app.delete("/api/delete")
     async def delete(request: Request) -> Response:
         name = p.model_name(await body(request))
-        served = served_or_404(name)
-        await asyncio.to_thread(registry.remove, served.name)
+        if await asyncio.to_thread(registry.remove, served_or_404(name).name) is None:
+            served_or_404(name)  # removed meanwhile by another request: 404 as for any unknown model
         return Response(status_code=200)
 
     @app.post("/api/generate")
@@ -166,7 +161,7 @@ def create_app(registry: Registry, *, api_key: str | None = None, max_tokens: in
         if not data.get("prompt") and not data.get("raw"):  # Ollama's way of loading a model
             return JSONResponse({"model": data["model"], "created_at": now(), "response": "", "done": True,
                                  "done_reason": "load"})
-        ids = encode(served, p.generate_prompt(served, data))
+        ids = served.engine.encode(p.generate_prompt(served, data))
         params = p.ollama_params(served, data, limits, len(ids), registry.num_ctx)
         return await ollama_answer(request, data, served, ids, params, chat=False)
 
@@ -175,7 +170,7 @@ def create_app(registry: Registry, *, api_key: str | None = None, max_tokens: in
         data = await body(request)
         served = served_or_404(p.model_name(data))
         p.refuse_unsupported(data)
-        ids = encode(served, p.chat_prompt(served, p.messages_of(data)))
+        ids = served.engine.encode(p.chat_prompt(served, p.messages_of(data)))
         params = p.ollama_params(served, data, limits, len(ids), registry.num_ctx)
         return await ollama_answer(request, data, served, ids, params, chat=True)
 
@@ -223,7 +218,7 @@ def create_app(registry: Registry, *, api_key: str | None = None, max_tokens: in
     async def chat_completions(request: Request) -> Response:
         data = await body(request)
         served = served_or_404(p.model_name(data))
-        ids = encode(served, p.chat_prompt(served, p.messages_of(data, openai=True)))
+        ids = served.engine.encode(p.chat_prompt(served, p.messages_of(data, openai=True)))
         params = p.openai_params(served, data, limits, len(ids), registry.num_ctx)
         return await openai_answer(request, data, served, ids, params, chat=True)
 
@@ -233,7 +228,7 @@ def create_app(registry: Registry, *, api_key: str | None = None, max_tokens: in
         served = served_or_404(p.model_name(data))
         if not isinstance(data.get("prompt"), str):
             raise bad("prompt: expected a string")
-        ids = encode(served, p.generate_prompt(served, {"prompt": data["prompt"]}))
+        ids = served.engine.encode(p.generate_prompt(served, {"prompt": data["prompt"]}))
         params = p.openai_params(served, data, limits, len(ids), registry.num_ctx)
         return await openai_answer(request, data, served, ids, params, chat=False)
 
@@ -302,6 +297,8 @@ def create_app(registry: Registry, *, api_key: str | None = None, max_tokens: in
             await asyncio.to_thread(registry.add_adapter, name, adapter)
         except UserError as e:
             raise bad(str(e)) from None
+        except Exception as e:  # noqa: BLE001  (an unreadable or mismatched adapter is the request's fault)
+            raise bad(f"lora_path {path!r}: could not load the adapter ({type(e).__name__}: {e})") from None
         return PlainTextResponse(f"Success: LoRA adapter '{name}' added successfully.")
 
     @app.post("/v1/unload_lora_adapter")
@@ -312,7 +309,8 @@ def create_app(registry: Registry, *, api_key: str | None = None, max_tokens: in
         served = served_or_404(name)
         if served.adapter is None:
             raise bad(f"{served.name} is not a LoRA adapter")
-        await asyncio.to_thread(registry.remove, served.name)
+        if await asyncio.to_thread(registry.remove, served.name) is None:
+            served_or_404(name)
         return PlainTextResponse(f"Success: LoRA adapter '{name}' removed successfully.")
 
     return app
@@ -355,9 +353,12 @@ def sse_event(obj: dict[str, Any]) -> bytes:
 
 async def first_event(stream: AsyncIterator[Event]) -> Event:
     try:
-        return await anext(stream)
+        event = await anext(stream)
     except StopAsyncIteration:  # the client went away before the first token
         raise ApiError(499, "client closed the request") from None
+    if isinstance(event, Failed):  # nothing sent yet: a plain error response rather than a broken stream
+        raise ApiError(500, event.message, "api_error")
+    return event
 
 
 async def prepend(first: Event, rest: AsyncIterator[Event]) -> AsyncIterator[Event]:

@@ -64,23 +64,37 @@ def chat_loop(url: str, model: str, *, system: str | None = None, options: dict[
         history.append({"role": "user", "content": line})
         messages = ([{"role": "system", "content": system}] if system else []) + history
         body = {"model": model, "messages": messages, "stream": True, "options": options or {}}
-        answer = []
-        with httpx.stream("POST", f"{url}/api/chat", json=body, headers=headers, timeout=None) as response:
-            if response.status_code != 200:
-                history.pop()
-                out.write(f"error {response.status_code}: {_error_text(response.read())}\n")
-                continue
-            for raw in response.iter_lines():
-                chunk = json.loads(raw)
-                if "error" in chunk:
-                    out.write(f"\nerror: {chunk['error']}")
-                    break
-                text = chunk.get("message", {}).get("content", "")
-                answer.append(text)
-                out.write(text)
-                out.flush()
+        try:
+            answer = _stream_answer(url, body, headers, out)
+        except (httpx.HTTPError, json.JSONDecodeError) as e:
+            answer = None
+            out.write(f"\nerror: the server at {url} failed ({type(e).__name__}: {e})")
         out.write("\n")
-        history.append({"role": "assistant", "content": "".join(answer)})
+        if answer is None:  # nothing usable came back: the question is not kept either
+            history.pop()
+        else:
+            history.append({"role": "assistant", "content": answer})
+
+
+def _stream_answer(url: str, body: dict[str, Any], headers: dict[str, str] | None, out: TextIO) -> str | None:
+    """Stream one answer to `out`; None when the server refused or failed it."""
+    import httpx
+
+    answer = []
+    with httpx.stream("POST", f"{url}/api/chat", json=body, headers=headers, timeout=None) as response:
+        if response.status_code != 200:
+            out.write(f"error {response.status_code}: {_error_text(response.read())}")
+            return None
+        for raw in response.iter_lines():
+            chunk = json.loads(raw)
+            if "error" in chunk:
+                out.write(f"\nerror: {chunk['error']}")
+                return None
+            text = chunk.get("message", {}).get("content", "")
+            answer.append(text)
+            out.write(text)
+            out.flush()
+    return "".join(answer)
 
 
 def _error_text(raw: bytes) -> str:

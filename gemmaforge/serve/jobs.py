@@ -59,11 +59,55 @@ class Job:
     loop: asyncio.AbstractEventLoop
     events: asyncio.Queue[Event] = field(default_factory=asyncio.Queue)
     cancelled: threading.Event = field(default_factory=threading.Event)
-    created: float = field(default_factory=time.perf_counter_ns)
 
     def emit(self, event: Event) -> None:
         """Thread-safe: called from an engine thread."""
-        self.loop.call_soon_threadsafe(self.events.put_nowait, event)
+        try:
+            self.loop.call_soon_threadsafe(self.events.put_nowait, event)
+        except RuntimeError:  # the request's event loop has closed (its client is gone): nobody to tell
+            self.cancelled.set()
+
+    def fail(self, error: BaseException | str) -> None:
+        message = error if isinstance(error, str) else f"generation failed: {type(error).__name__}: {error}"
+        self.emit(Failed(message))
+
+
+@dataclass
+class Answer:
+    """One job's answer while it is generated, the same for both engines: each new token is checked
+    against the end-of-turn tokens, stop strings and limits, its text streamed, and exactly one
+    Finished sent at the end."""
+
+    job: Job
+    stream: TextStream
+    num_ctx: int
+    prompt_ns: int = 0
+    started_ns: int = field(default_factory=time.perf_counter_ns)
+    tokens: int = 0  # generated, the stop token excluded
+
+    def accept(self, token: int, stops: set[int]) -> bool:
+        """Record `token`; True when the answer is finished (and Finished was sent)."""
+        if self.job.cancelled.is_set():
+            return self.finish("cancelled")
+        if token in stops:
+            return self.finish("stop")
+        self.tokens += 1
+        delta, hit_stop_string = self.stream.push(token)
+        if delta:
+            self.job.emit(Delta(delta))
+        if hit_stop_string:
+            return self.finish("stop", flush=False)
+        if self.tokens >= self.job.params.max_tokens or len(self.job.prompt_ids) + self.tokens >= self.num_ctx:
+            return self.finish("length")
+        return False
+
+    def finish(self, reason: str, flush: bool = True) -> bool:
+        """Send what text was held back (unless a stop string ended it), then Finished."""
+        if flush and reason != "cancelled" and (rest := self.stream.flush()):
+            self.job.emit(Delta(rest))
+        self.job.emit(Finished(reason, len(self.job.prompt_ids), self.tokens, self.prompt_ns,
+                               time.perf_counter_ns() - self.started_ns))
+        return True
 
 
 class QueueFull(Exception):

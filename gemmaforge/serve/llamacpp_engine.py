@@ -6,12 +6,13 @@ from __future__ import annotations
 
 import os
 import queue
+import random
 import threading
 import time
 from pathlib import Path
 
 from gemmaforge.families import Family
-from gemmaforge.serve.jobs import Delta, Failed, Finished, Job, QueueFull, TextStream
+from gemmaforge.serve.jobs import Answer, Finished, Job, QueueFull, TextStream
 
 
 class LlamaCppEngine:
@@ -25,6 +26,7 @@ class LlamaCppEngine:
         self.stops = {self.llm.token_eos(), *(self.encode(s)[0] for s in family.stop)}
         self._jobs: queue.Queue[Job | None] = queue.Queue(maxsize=max_queue)
         self._busy = 0
+        self._closed = False
         self._thread = threading.Thread(target=self._loop, name="gemmaforge-llamacpp-engine", daemon=True)
         self._thread.start()
 
@@ -32,8 +34,9 @@ class LlamaCppEngine:
         return self.llm.tokenize(text.encode(), add_bos=False, special=True)
 
     def submit(self, job: Job) -> None:
-        if job.adapter is not None:
-            raise ValueError("the llama.cpp engine serves GGUF files without runtime adapters")
+        if self._closed:
+            job.fail("the model was unloaded")
+            return
         try:
             self._jobs.put_nowait(job)
         except queue.Full:
@@ -43,8 +46,17 @@ class LlamaCppEngine:
         return self._jobs.qsize() + self._busy
 
     def close(self) -> None:
+        self._closed = True
+        while True:  # whatever still waits ends now; the request in flight ends at its next token
+            try:
+                job = self._jobs.get_nowait()
+            except queue.Empty:
+                break
+            if job is not None:
+                job.fail("the model was unloaded")
         self._jobs.put(None)
-        self._thread.join(timeout=10)
+        self._thread.join(timeout=30)
+        self.llm.close()
 
     def _loop(self) -> None:
         while (job := self._jobs.get()) is not None:
@@ -52,45 +64,31 @@ class LlamaCppEngine:
             try:
                 self._run(job)
             except Exception as e:  # noqa: BLE001  (an engine fault ends this request with an error, never the server)
-                job.emit(Failed(f"generation failed: {type(e).__name__}: {e}"))
+                job.fail(e)
             finally:
                 self._busy = 0
 
     def _run(self, job: Job) -> None:
-        params, n_prompt = job.params, len(job.prompt_ids)
-        if job.cancelled.is_set():
-            job.emit(Finished("cancelled", n_prompt, 0, 0, 0))
+        params = job.params
+        if job.cancelled.is_set() or self._closed:
+            job.emit(Finished("cancelled", len(job.prompt_ids), 0, 0, 0))
             return
-        if params.seed is not None and params.seed >= 0:
-            self.llm.set_seed(params.seed)
-        stream = TextStream(lambda ids: self.llm.detokenize(ids).decode("utf-8", errors="replace"), params.stop)
-        start = time.perf_counter_ns()
-        first = start
-        answer, reason = 0, "length"
+        # llama-cpp-python keeps a seed across calls: a request without one gets a fresh random seed
+        seed = params.seed % 2**32 if params.seed is not None and params.seed >= 0 else random.getrandbits(32)
+        self.llm.set_seed(seed)
         # the penalty window is read from this attribute when generate() builds its sampler
         self.llm.last_n_tokens_size = params.repeat_last_n if params.repeat_last_n >= 0 else self.num_ctx
+        stream = TextStream(lambda ids: self.llm.detokenize(ids).decode("utf-8", errors="replace"), params.stop)
+        answer = Answer(job, stream, self.num_ctx)
         tokens = self.llm.generate(
             job.prompt_ids, top_k=params.top_k if params.temperature > 0 else 1, top_p=params.top_p,
             min_p=params.min_p, temp=params.temperature, repeat_penalty=params.repeat_penalty, reset=True,
         )
         for token in tokens:
-            if answer == 0:
-                first = time.perf_counter_ns()
-            if job.cancelled.is_set():
-                reason = "cancelled"
-                break
-            if token in self.stops:
-                reason = "stop"
-                break
-            answer += 1
-            delta, stopped = stream.push(token)
-            if delta:
-                job.emit(Delta(delta))
-            if stopped:
-                reason = "stop"
-                break
-            if answer >= params.max_tokens or n_prompt + answer >= self.num_ctx:
-                break
-        if reason == "length" and (rest := stream.flush()):
-            job.emit(Delta(rest))
-        job.emit(Finished(reason, n_prompt, answer, first - start, time.perf_counter_ns() - first))
+            if answer.tokens == 0:  # prompt evaluation ends with the first sampled token
+                now = time.perf_counter_ns()
+                answer.prompt_ns, answer.started_ns = now - answer.started_ns, now
+            if self._closed:
+                job.cancelled.set()
+            if answer.accept(token, self.stops):
+                return

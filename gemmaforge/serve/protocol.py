@@ -3,6 +3,7 @@ names the field for every malformed request (answered 400, never 5xx)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import dataclass
 from typing import Any
@@ -12,8 +13,9 @@ from gemmaforge.serve.jobs import Params
 from gemmaforge.serve.registry import Served
 from gemmaforge.templates import BOS, check_roles, render_conversation
 
-OLLAMA_DEFAULTS = {"temperature": 0.8, "top_p": 0.9, "top_k": 40, "min_p": 0.0, "repeat_penalty": 1.0,
-                   "repeat_last_n": 64}
+# Ollama's own defaults, which Params carries
+OLLAMA_DEFAULTS = {f.name: f.default for f in dataclasses.fields(Params)
+                   if f.name in ("temperature", "top_p", "top_k", "min_p", "repeat_penalty", "repeat_last_n")}
 _ROLES = ("system", "user", "assistant")
 _JSON_NAMES = {int: "number", float: "number", str: "string", bool: "boolean", dict: "object", list: "array"}
 
@@ -32,7 +34,6 @@ def bad(message: str) -> ApiError:
 @dataclass(frozen=True)
 class Limits:
     max_tokens: int  # the most tokens one answer may have
-    max_prompt_chars: int
 
 
 def parse_json(body: bytes) -> dict[str, Any]:
@@ -130,12 +131,24 @@ def refuse_unsupported(data: dict[str, Any]) -> None:
         raise bad("images: not supported (this is a text model)")
     if data.get("format"):
         raise bad("format: structured output (JSON mode) is not supported by gemmaforge serve")
-    if data.get("tools"):
-        raise bad("tools: this model does not support tools")
+    _refuse_tools(data)
     if data.get("think"):
         raise bad("think: this model does not support thinking")
     if data.get("suffix"):
         raise bad("suffix: fill-in-the-middle is not supported by Gemma chat models")
+
+
+def _refuse_tools(data: dict[str, Any]) -> None:
+    if data.get("tools"):
+        raise bad("tools: this model does not support tools")
+
+
+def _stops(data: dict[str, Any], where: str = "") -> tuple[str, ...]:
+    stop = field(data, "stop", (list, str), [], where)
+    stop = [stop] if isinstance(stop, str) else stop
+    if not all(isinstance(s, str) for s in stop):
+        raise bad(f"{where}stop: expected a string or an array of strings")
+    return tuple(stop)
 
 
 def ollama_params(served: Served, data: dict[str, Any], limits: Limits, n_prompt: int, num_ctx: int) -> Params:
@@ -146,11 +159,7 @@ def ollama_params(served: Served, data: dict[str, Any], limits: Limits, n_prompt
         merged[key] = float(field(options, key, float, merged[key], where))
     for key in ("top_k", "repeat_last_n", "seed", "num_predict", "num_ctx"):
         merged[key] = field(options, key, int, merged.get(key), where)
-    stop = field(options, "stop", (list, str), [], where)
-    stop = [stop] if isinstance(stop, str) else stop
-    if not all(isinstance(s, str) for s in stop):
-        raise bad("options.stop: expected an array of strings")
-    return _params(merged, tuple(stop), limits, n_prompt, num_ctx)
+    return _params(merged, _stops(options, where), limits, n_prompt, num_ctx)
 
 
 def openai_params(served: Served, data: dict[str, Any], limits: Limits, n_prompt: int, num_ctx: int) -> Params:
@@ -160,26 +169,25 @@ def openai_params(served: Served, data: dict[str, Any], limits: Limits, n_prompt
             raise bad(f"{key}: not supported (use 0); repeat penalties are set through the Ollama API's options")
     if field(data, "n", int, 1) != 1:
         raise bad("n: only one choice per request is supported")
-    if (data.get("response_format") or {}).get("type", "text") != "text":
+    if field(field(data, "response_format", dict, {}), "type", str, "text", "response_format.") != "text":
         raise bad("response_format: structured output (JSON mode) is not supported by gemmaforge serve")
-    if data.get("tools"):
-        raise bad("tools: this model does not support tools")
+    _refuse_tools(data)
     merged = {**OLLAMA_DEFAULTS, **served.options, "temperature": 1.0, "top_p": 1.0}
     for key in ("temperature", "top_p"):
         merged[key] = float(field(data, key, float, merged[key]))
     merged["seed"] = field(data, "seed", int)
     merged["num_predict"] = field(data, "max_completion_tokens", int, field(data, "max_tokens", int))
-    stop = field(data, "stop", (list, str), [])
-    stop = [stop] if isinstance(stop, str) else stop
-    if not all(isinstance(s, str) for s in stop):
-        raise bad("stop: expected a string or an array of strings")
-    return _params(merged, tuple(stop), limits, n_prompt, num_ctx)
+    return _params(merged, _stops(data), limits, n_prompt, num_ctx)
 
 
 def _params(o: dict[str, Any], stop: tuple[str, ...], limits: Limits, n_prompt: int, num_ctx: int) -> Params:
-    for key, low, high in (("temperature", 0, 100), ("top_p", 0, 1), ("min_p", 0, 1), ("repeat_penalty", 0, 100)):
-        if not low <= o[key] <= high:
-            raise bad(f"{key}: {o[key]} is out of range [{low}, {high}]")
+    for key, low, high, low_ok in (("temperature", 0, 100, True), ("top_p", 0, 1, False), ("min_p", 0, 1, True),
+                                   ("repeat_penalty", 0, 100, False)):
+        if not (low <= o[key] if low_ok else low < o[key]) or o[key] > high:
+            raise bad(f"{key}: {o[key]} is out of range {'[' if low_ok else '('}{low}, {high}]")
+    seed = o.get("seed")
+    if seed is not None and not -(2**63) <= seed < 2**63:
+        raise bad(f"seed: {seed} is out of range (a 64-bit integer)")
     context = min(o.get("num_ctx") or num_ctx, num_ctx)
     if n_prompt >= context:
         raise bad(f"the prompt is {n_prompt} tokens, which does not fit the context window of {context} tokens")
@@ -190,5 +198,5 @@ def _params(o: dict[str, Any], stop: tuple[str, ...], limits: Limits, n_prompt: 
     if predict == 0:
         raise bad("num_predict / max_tokens: must be at least 1")
     return Params(max_tokens=min(predict, room, limits.max_tokens), temperature=o["temperature"], top_p=o["top_p"],
-                  top_k=o["top_k"] or 0, min_p=o["min_p"], seed=o.get("seed"), repeat_penalty=o["repeat_penalty"],
+                  top_k=o["top_k"] or 0, min_p=o["min_p"], seed=seed, repeat_penalty=o["repeat_penalty"],
                   repeat_last_n=o["repeat_last_n"], stop=stop)

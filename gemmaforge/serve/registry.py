@@ -11,6 +11,8 @@ from __future__ import annotations
 import hashlib
 import re
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -58,7 +60,7 @@ class Registry:
         self.dtype = dtype  # auto (bf16 where the hardware has it), bf16 or fp32
         self.models: dict[str, Served] = {}
         self.engines: dict[Path, Any] = {}
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()
 
     # ------------------------------------------------------------------ lookup
 
@@ -69,6 +71,27 @@ class Registry:
 
     def add(self, spec: str, engine: str = "transformers") -> Served:
         """`[NAME=]REF` (see the module docstring)."""
+        with self._adding():
+            return self._add(spec, engine)
+
+    def add_adapter(self, name: str, adapter_dir: Path) -> Served:
+        """A PEFT adapter (or a run directory's) loaded beside the base it was trained on, at runtime."""
+        with self._adding():
+            return self._add_adapter(name, adapter_dir)
+
+    @contextmanager
+    def _adding(self) -> Iterator[None]:
+        """One change at a time; an engine loaded for an add that then fails is closed again."""
+        with self._lock:
+            before = set(self.engines)
+            try:
+                yield
+            except BaseException:
+                for key in set(self.engines) - before:
+                    self.engines.pop(key).close()
+                raise
+
+    def _add(self, spec: str, engine: str) -> Served:
         name, sep, ref = spec.partition("=")
         if not sep:
             name, ref = "", spec
@@ -84,8 +107,7 @@ class Registry:
                             f"a .gguf file or '{EMBEDDED_NAME}'")
         return served
 
-    def add_adapter(self, name: str, adapter_dir: Path) -> Served:
-        """A PEFT adapter (or a run directory's) loaded beside the base it was trained on, at runtime."""
+    def _add_adapter(self, name: str, adapter_dir: Path) -> Served:
         from gemmaforge.runs import RunDir
 
         if (adapter_dir / "run.yaml").is_file():
@@ -98,7 +120,8 @@ class Registry:
             raise UserError(f"{adapter_dir}: cannot tell which loaded base model it belongs to "
                             f"(base_model_name_or_path {base!r}); serve its run directory instead")
         engine = matching[0]
-        return self._register(Served(check_name(name), engine, None, engine.family, adapter_dir,
+        _require_safetensors(adapter_dir, "adapter_model.safetensors")
+        return self._register(Served(self._free(check_name(name)), engine, None, engine.family, adapter_dir,
                                      parent=engine.base_name), adapter_dir=adapter_dir)
 
     def _add_run(self, root: Path, engine: str, name: str | None, adapter_dir: Path | None = None) -> Served:
@@ -108,7 +131,7 @@ class Registry:
 
         run = RunDir.open(root)
         config = run.config()
-        name = check_name(name or ollama_model_name(config))
+        name = self._free(check_name(name or ollama_model_name(config)))
         o = config.export.ollama
         options = {"temperature": o.temperature, "top_p": o.top_p, "top_k": o.top_k, "num_ctx": o.num_ctx}
         system = o.system or config.data.system
@@ -120,46 +143,49 @@ class Registry:
             served = self._add_gguf(parts[0], name, source=root)
             served.system, served.options = system, options
             return served
+        adapter_dir = adapter_dir or run.require(run.adapter_dir / "adapter_config.json", "train").parent
+        _require_safetensors(adapter_dir, "adapter_model.safetensors")
         base = resolve_model(config.model.name_or_path, self.home, config.model.revision)
         transformers = self._transformers_engine(base.path, base.family, base.reference)
         served = Served(name, transformers, None, base.family, root, system=system, options=options,
                         parent=transformers.base_name)
-        return self._register(served, adapter_dir=adapter_dir or run.require(run.adapter_dir / "adapter_config.json",
-                                                                              "train").parent)
+        return self._register(served, adapter_dir=adapter_dir)
 
     def _add_base(self, ref: str, name: str) -> Served:
+        name = self._free(check_name(name))
         base = resolve_model(ref, self.home)
         _require_safetensors(base.path)
         engine = self._transformers_engine(base.path, base.family, ref)
-        return self._register(Served(check_name(name), engine, None, base.family, base.path))
+        return self._register(Served(name, engine, None, base.family, base.path))
 
     def _add_gguf(self, path: Path, name: str, source: Path | None = None) -> Served:
         from gemmaforge.serve.llamacpp_engine import LlamaCppEngine
 
+        name = self._free(check_name(name))
         if not path.is_file():
             raise UserError(f"{path}: GGUF file not found")
         family = _gguf_family(path)
-        with self._lock:
-            engine = self.engines.get(path.resolve())
-            if engine is None:
-                engine = self.engines[path.resolve()] = LlamaCppEngine(path, family, num_ctx=self.num_ctx,
-                                                                       max_queue=self.max_queue)
-        return self._register(Served(check_name(name), engine, None, family, source or path))
+        engine = self.engines.get(path.resolve())
+        if engine is None:
+            engine = self.engines[path.resolve()] = LlamaCppEngine(path, family, num_ctx=self.num_ctx,
+                                                                   max_queue=self.max_queue)
+        return self._register(Served(name, engine, None, family, source or path))
 
     def _transformers_engine(self, base_path: Path, family: Family, reference: str) -> Any:
-        with self._lock:
-            engine = self.engines.get(base_path.resolve())
-            if engine is None:
-                engine = self.engines[base_path.resolve()] = _load_transformers(base_path, family, self)
-                engine.base_path, engine.base_name = base_path.resolve(), reference
+        engine = self.engines.get(base_path.resolve())
+        if engine is None:
+            engine = self.engines[base_path.resolve()] = _load_transformers(base_path, family, self)
+            engine.base_path, engine.base_name = base_path.resolve(), reference
         return engine
 
-    def _register(self, served: Served, adapter_dir: Path | None = None) -> Served:
-        if served.name in self.models:
-            raise UserError(f"model name {served.name!r} is already served (from {self.models[served.name].source}); "
+    def _free(self, name: str) -> str:
+        if name in self.models:
+            raise UserError(f"model name {name!r} is already served (from {self.models[name].source}); "
                             "give another with NAME=PATH")
+        return name
+
+    def _register(self, served: Served, adapter_dir: Path | None = None) -> Served:
         if adapter_dir is not None:
-            _require_safetensors(adapter_dir, "adapter_model.safetensors")
             served.adapter = served.name
             served.engine.load_adapter(served.name, adapter_dir)
         served.details = _details(served)
@@ -170,14 +196,21 @@ class Registry:
 
     # ------------------------------------------------------------------ removing
 
-    def remove(self, name: str) -> Served:
-        served = self.models.pop(name)
+    def remove(self, name: str) -> Served | None:
+        """Stop serving `name` (None when it is not served, e.g. removed by a concurrent request). An adapter's
+        base stays loaded for adapters loaded later; any other engine closes with its last model."""
+        with self._lock:
+            served = self.models.pop(name, None)
+            if served is not None:
+                self._release(served)
+            return served
+
+    def _release(self, served: Served) -> None:
         if served.adapter is not None:
             served.engine.unload_adapter(served.adapter)
         elif not any(m.engine is served.engine for m in self.models.values()):
             key = next(k for k, e in self.engines.items() if e is served.engine)
             self.engines.pop(key).close()
-        return served
 
     def close(self) -> None:
         for engine in self.engines.values():
@@ -253,5 +286,7 @@ def _weight_files(served: Served, adapter_dir: Path | None) -> list[Path]:
     if adapter_dir is not None:
         return [adapter_dir / "adapter_model.safetensors"]
     if served.engine.kind == "llamacpp":
-        return [served.engine.path]
+        from gemmaforge.export.gguf_shards import shard_set
+
+        return shard_set(served.engine.path)
     return list(served.source.glob("*.safetensors"))

@@ -38,6 +38,7 @@ def choose_token(logits: torch.Tensor, params: Params, history: list[int], gener
         keep &= before < params.top_p
     if params.min_p > 0.0:
         keep &= probs >= params.min_p * probs[0]
-    values = values[keep]  # the best token always survives
+    keep[0] = True  # the best token always survives
+    values = values[keep]
     probs = torch.softmax(values.float() / params.temperature, dim=-1)
     return int(index[keep][torch.multinomial(probs, 1, generator=generator)])

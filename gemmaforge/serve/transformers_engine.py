@@ -24,19 +24,19 @@ import torch
 
 from gemmaforge.families import Family
 from gemmaforge.models import fast_last_position_logits
-from gemmaforge.serve.jobs import Delta, Failed, Finished, Job, QueueFull, TextStream
+from gemmaforge.serve.jobs import Answer, Finished, Job, QueueFull, TextStream
 from gemmaforge.serve.sampling import choose_token, new_generator
 
 
 @dataclass
 class _Running:
-    job: Job
-    stream: TextStream
+    answer: Answer
     generator: torch.Generator
-    history: list[int]
-    prompt_ns: int
-    started_ns: int
-    answer: int = 0  # tokens generated (the stop token excluded)
+    history: list[int]  # prompt and answer ids, for the repeat penalty
+
+    @property
+    def job(self) -> Job:
+        return self.answer.job
 
 
 @dataclass
@@ -91,12 +91,8 @@ class TransformersEngine:
             self.adapters[name] = path
 
     def unload_adapter(self, name: str) -> None:
-        with self._wake:  # its requests end now; new ones can no longer name it
-            for job in [*self._waiting, *(r.job for r in self._batches.get(name, _Batch()).rows)]:
-                if job.adapter == name:
-                    job.cancelled.set()
-        with self._model_lock:
-            self._end_cancelled()
+        with self._model_lock:  # between steps: its requests end now, and new ones can no longer name it
+            self._fail_where(lambda job: job.adapter == name, f"the adapter {name} was unloaded")
             del self.adapters[name]
             if self.adapters:
                 self.peft.delete_adapter(name)
@@ -105,19 +101,39 @@ class TransformersEngine:
 
     def submit(self, job: Job) -> None:
         with self._wake:
+            if self._closed:
+                job.fail("the model was unloaded")
+                return
             if len(self._waiting) >= self.max_queue:
                 raise QueueFull(f"{len(self._waiting)} requests are waiting")
             self._waiting.append(job)
             self._wake.notify()
 
     def running(self) -> int:
-        return sum(len(b.rows) for b in self._batches.values()) + len(self._waiting)
+        with self._wake:
+            return sum(len(b.rows) for b in list(self._batches.values())) + len(self._waiting)
 
     def close(self) -> None:
         with self._wake:
             self._closed = True
             self._wake.notify()
         self._thread.join(timeout=10)
+        with self._model_lock:
+            self._fail_where(lambda _job: True, "the model was unloaded")
+
+    def _fail_where(self, doomed: Any, message: str) -> None:
+        """End every waiting or running request that `doomed(job)` picks with Failed(message)."""
+        with self._wake:
+            for job in [j for j in self._waiting if doomed(j)]:
+                self._waiting.remove(job)
+                job.fail(message)
+        for batch in self._batches.values():
+            keep = [i for i, r in enumerate(batch.rows) if not doomed(r.job)]
+            for r in batch.rows:
+                if doomed(r.job):
+                    r.job.fail(message)
+            if len(keep) < len(batch.rows):
+                _select(batch, keep)
 
     # ------------------------------------------------------------------ the scheduler
 
@@ -133,17 +149,19 @@ class TransformersEngine:
                 admitted = [self._waiting.popleft() for _ in range(min(room, len(self._waiting)))]
             with self._model_lock, torch.inference_mode():
                 for job in admitted:
-                    self._guarded(job, self._prefill)
+                    try:
+                        self._prefill(job)
+                    except Exception as e:  # noqa: BLE001  (a fault ends this request with an error, not the engine)
+                        job.fail(e)
                 self._end_cancelled()
                 active = [a for a, b in self._batches.items() if b.rows]
                 if active:  # one step for one adapter's batch, adapters in turn
-                    self._step(active[next(turns) % len(active)])
-
-    def _guarded(self, job: Job, action: Any) -> None:
-        try:
-            action(job)
-        except Exception as e:  # noqa: BLE001  (an engine fault ends this request with an error, never the server)
-            job.emit(Failed(f"generation failed: {type(e).__name__}: {e}"))
+                    adapter = active[next(turns) % len(active)]
+                    try:
+                        self._step(adapter)
+                    except Exception as e:  # noqa: BLE001  (a fault in a step fails that batch, not the engine)
+                        for row in self._batches.pop(adapter).rows:
+                            row.job.fail(e)
 
     def _forward(self, adapter: str | None, cache: Any, **inputs: Any) -> torch.Tensor:
         """Last-position logits (B, vocab) in float32, computed with `adapter` (None: the base model)."""
@@ -172,28 +190,22 @@ class TransformersEngine:
                                attention_mask=torch.ones((1, n), dtype=torch.long, **on),
                                position_ids=torch.arange(n, **on)[None], cache_position=torch.arange(n, **on))
         now = time.perf_counter_ns()
-        row = _Running(job, TextStream(self._decode, job.params.stop), new_generator(job.params.seed),
-                       list(job.prompt_ids), prompt_ns=now - start, started_ns=now)
+        answer = Answer(job, TextStream(self._decode, job.params.stop), self.num_ctx, prompt_ns=now - start,
+                        started_ns=now)
+        row = _Running(answer, new_generator(job.params.seed), list(job.prompt_ids))
         single = _Batch([row], cache, torch.ones((1, n), dtype=torch.long, **on), torch.tensor([n], **on),
                         torch.tensor([0], **on))
-        token = choose_token(logits[0], job.params, row.history, row.generator)
-        if not self._accept(row, token):
-            self._batches[job.adapter] = _join(self._batches.get(job.adapter), single, token)
+        if not self._accept(row, choose_token(logits[0], job.params, row.history, row.generator)):
+            self._batches[job.adapter] = _join(self._batches.get(job.adapter), single, row.history[-1])
 
     def _step(self, adapter: str | None) -> None:
         batch = self._batches[adapter]
         self.widest_batch = max(self.widest_batch, len(batch.rows))
         width = batch.mask.shape[1]
         batch.mask = torch.cat([batch.mask, batch.mask.new_ones((len(batch.rows), 1))], dim=1)
-        try:
-            logits = self._forward(adapter, batch.cache, input_ids=batch.last[:, None],
-                                   attention_mask=batch.mask, position_ids=batch.positions[:, None],
-                                   cache_position=torch.tensor([width], device=self.device))
-        except Exception as e:  # noqa: BLE001  (a fault in a step fails that batch's requests, not the server)
-            for row in batch.rows:
-                row.job.emit(Failed(f"generation failed: {type(e).__name__}: {e}"))
-            del self._batches[adapter]
-            return
+        logits = self._forward(adapter, batch.cache, input_ids=batch.last[:, None],
+                               attention_mask=batch.mask, position_ids=batch.positions[:, None],
+                               cache_position=torch.tensor([width], device=self.device))
         batch.positions = batch.positions + 1
         keep = []
         for i, row in enumerate(batch.rows):
@@ -205,38 +217,18 @@ class TransformersEngine:
             _select(batch, keep)
 
     def _accept(self, row: _Running, token: int) -> bool:
-        """Record `token` for `row` and stream its text; True when the request is finished."""
-        job, params = row.job, row.job.params
-        reason = None
-        if job.cancelled.is_set():
-            reason = "cancelled"
-        elif token in self.stops:
-            reason = "stop"
-        else:
-            row.answer += 1
+        finished = row.answer.accept(token, self.stops)
+        if not finished:
             row.history.append(token)
-            delta, stopped = row.stream.push(token)
-            if delta:
-                job.emit(Delta(delta))
-            if stopped:
-                reason = "stop"
-            elif row.answer >= params.max_tokens or len(row.history) >= self.num_ctx:
-                reason = "length"
-        if reason is None:
-            return False
-        if reason == "length" and (rest := row.stream.flush()):
-            job.emit(Delta(rest))
-        job.emit(Finished(reason, len(job.prompt_ids), row.answer, row.prompt_ns,
-                          time.perf_counter_ns() - row.started_ns))
-        return True
+        return finished
 
     def _end_cancelled(self) -> None:
-        """Drop requests whose client went away (or whose adapter was unloaded) without another step."""
-        for adapter, batch in list(self._batches.items()):
+        """Drop requests whose client went away without another step."""
+        for batch in self._batches.values():
             keep = [i for i, r in enumerate(batch.rows) if not r.job.cancelled.is_set()]
             for r in batch.rows:
                 if r.job.cancelled.is_set():
-                    r.job.emit(Finished("cancelled", len(r.job.prompt_ids), r.answer, r.prompt_ns, 0))
+                    r.answer.finish("cancelled")
             if len(keep) < len(batch.rows):
                 _select(batch, keep)
         with self._wake:

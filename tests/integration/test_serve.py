@@ -4,6 +4,7 @@ a tiny run's adapter and its base share one transformers engine; the base's GGUF
 from __future__ import annotations
 
 import json
+import shutil
 import time
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
@@ -206,6 +207,14 @@ def test_openai_errors(oai) -> None:
     ("/api/chat", b'{"model": "base", "messages": [{"role": "user", "content": 5}]}', 400, "content: expected string"),
     ("/api/chat", b'{"model": "base", "messages": [{"role": "user", "content": "hi"}], "options": {"top_p": 3}}', 400,
      "top_p: 3.0 is out of range"),
+    ("/api/generate", b'{"model": "base", "prompt": "x", "options": {"top_p": 0}}', 400,
+     "top_p: 0.0 is out of range (0, 1]"),
+    ("/api/generate", b'{"model": "base", "prompt": "x", "options": {"repeat_penalty": 0}}', 400,
+     "repeat_penalty: 0.0 is out of range"),
+    ("/api/generate", b'{"model": "base", "prompt": "x", "options": {"seed": 99999999999999999999999}}', 400,
+     "seed: 99999999999999999999999 is out of range"),
+    ("/v1/chat/completions", (b'{"model": "base", "messages": [{"role": "user", "content": "x"}], '
+                              b'"response_format": "json_object"}'), 400, "response_format: expected object"),
     ("/api/generate", b'{"model": "base", "prompt": "x", "options": {"num_predict": "many"}}', 400,
      "options.num_predict: expected number"),
     ("/api/generate", b'{"model": "base", "prompt": "x", "raw": true, "system": "s"}', 400,
@@ -273,6 +282,11 @@ def test_adapters_load_and_unload_at_runtime(server, run_dir: Path, client) -> N
     assert again == client.chat(model="tiny-coffee", messages=HI, options=GREEDY).message.content
     bad = httpx.post(url + "/v1/load_lora_adapter", json={"lora_name": "../x", "lora_path": str(run_dir / "adapter")})
     assert bad.status_code == 400 and "lora_name '../x'" in bad.json()["error"]["message"]
+    broken = shutil.copytree(run_dir / "adapter", run_dir.parent / "broken-adapter")
+    (broken / "adapter_model.safetensors").write_bytes(b"not safetensors")
+    garbage = httpx.post(url + "/v1/load_lora_adapter", json={"lora_name": "z", "lora_path": str(broken)})
+    assert garbage.status_code == 400 and "could not load the adapter" in garbage.json()["error"]["message"]
+    assert "z:latest" not in [m.model for m in client.list().models]
     missing = httpx.post(url + "/v1/load_lora_adapter", json={"lora_name": "y", "lora_path": str(run_dir / "nothing")})
     assert missing.status_code == 400 and "is not a folder" in missing.json()["error"]["message"]
     assert httpx.post(url + "/v1/unload_lora_adapter", json={"lora_name": "again"}).status_code == 200

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from gemmaforge.families import FAMILIES
-from gemmaforge.serve.jobs import Delta, Finished, Job, Params, TextStream
+from gemmaforge.serve.jobs import Answer, Delta, Finished, Job, Params, TextStream
 from gemmaforge.serve.sampling import choose_token, new_generator
 from gemmaforge.serve.transformers_engine import TransformersEngine
 
@@ -88,6 +88,18 @@ def test_text_stream_releases_a_held_back_prefix_that_is_no_stop() -> None:
     pieces = {1: "a S", 2: "T", 3: "ay"}
     stream = TextStream(lambda ids: "".join(pieces[i] for i in ids), ("STOP",))
     assert [stream.push(i) for i in (1, 2, 3)] == [("a ", False), ("", False), ("STay", False)]
+
+
+def test_an_answer_ending_on_end_of_turn_keeps_text_held_back_for_a_stop_string() -> None:
+    """"U" might begin the stop string "User:"; when the end-of-turn token comes instead, it is sent."""
+    sent: list = []
+    job = Job([2, 3], Params(max_tokens=10, stop=("User:",)), None, loop=None)  # type: ignore[arg-type]
+    job.emit = sent.append  # type: ignore[method-assign]
+    answer = Answer(job, TextStream(lambda ids: "".join({5: "Hi ", 6: "U"}[i] for i in ids), job.params.stop), 100)
+    assert not answer.accept(5, stops={1}) and not answer.accept(6, stops={1})
+    assert answer.accept(1, stops={1})
+    assert [e.text for e in sent if isinstance(e, Delta)] == ["Hi ", "U"]
+    assert isinstance(sent[-1], Finished) and (sent[-1].reason, sent[-1].completion_tokens) == ("stop", 2)
 
 
 def test_sampling_greedy_top_k_seed_and_repeat_penalty() -> None:
