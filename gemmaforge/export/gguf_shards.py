@@ -17,12 +17,15 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-
-import gguf
-import numpy as np
+from typing import TYPE_CHECKING
 
 from gemmaforge.errors import UserError
 
+if TYPE_CHECKING:
+    import gguf
+
+# gguf's SHARD_NAME_FORMAT ("{:s}-{:05d}-of-{:05d}.gguf"), matched and written without importing gguf (and
+# numpy) when the config and CLI load: only writing and reading files needs the package.
 _SHARD = re.compile(r"^(?P<stem>.+)-(?P<no>\d{5})-of-(?P<count>\d{5})\.gguf$")
 _UNITS = {"": 1, "K": 1000, "M": 1000**2, "G": 1000**3, "T": 1000**4}  # decimal, as llama.cpp's tools
 
@@ -52,7 +55,7 @@ def parse_size(text: str, what: str = "split size") -> int:
 
 
 def shard_name(path: Path, number: int, count: int) -> Path:
-    return path.with_name(gguf.SHARD_NAME_FORMAT.format(path.stem, number, count))
+    return path.with_name(f"{path.stem}-{number:05d}-of-{count:05d}.gguf")
 
 
 def gguf_parts(path: Path) -> list[Path]:
@@ -125,6 +128,8 @@ def staged_output(out_path: Path) -> Iterator[Path]:
 def gguf_file(out_path: Path, arch: str, split: Split = NO_SPLIT) -> Iterator[gguf.GGUFWriter]:
     """A GGUFWriter whose file (or shards, with `split`) replace `out_path` only when the body completes,
     and are removed when it fails (see staged_output)."""
+    import gguf
+
     with staged_output(out_path) as staged:
         writer = gguf.GGUFWriter(staged, arch, split_max_size=split.max_bytes, split_max_tensors=split.max_tensors)
         try:
@@ -136,6 +141,9 @@ def gguf_file(out_path: Path, arch: str, split: Split = NO_SPLIT) -> Iterator[gg
 def split_gguf_file(source: Path, out_path: Path, split: Split) -> list[Path]:
     """Rewrite the single GGUF `source` as shards of `out_path` (for files made by llama.cpp's quantizer),
     copying every key and tensor byte for byte. Returns the parts written."""
+    import gguf
+    import numpy as np
+
     reader = gguf.GGUFReader(source)
     arch = reader.fields[gguf.Keys.General.ARCHITECTURE].contents()
     with gguf_file(out_path, arch, split) as writer:
