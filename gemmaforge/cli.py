@@ -40,6 +40,8 @@ EPILOG = """examples:
   gemmaforge export ollama runs/quickstart --create
   gemmaforge serve runs/quickstart                         # Ollama + OpenAI APIs on 127.0.0.1:11434
   gemmaforge chat runs/quickstart                          # talk to it in the terminal
+  gemmaforge doctor                                        # can this machine train? (ROCm, CUDA, CPU)
+  gemmaforge plan examples/quickstart.yaml --gpu-memory 24GiB   # will it fit?
 """
 
 
@@ -77,6 +79,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_eval_verb(verbs)
     add_serve_verbs(verbs)
+    add_system_verbs(verbs)
 
     p = verbs.add_parser("merge", help="Merge the run's adapter into the base model (RUN_DIR/merged).")
     p.add_argument("run_dir", type=Path)
@@ -187,6 +190,58 @@ def add_serve_verbs(verbs: argparse._SubParsersAction) -> None:
     p.add_argument("--temperature", type=float, help="sampling temperature (0: greedy)")
     add_engine_options(p)
     p.add_argument("--api-key", help="with a URL: sent as Authorization: Bearer KEY (default: $GEMMAFORGE_API_KEY)")
+
+
+PLAN_EPILOG = """The plan counts weights, trainable parameters with AdamW's state, the activations autograd keeps
+(traced on a probe with two layers of each kind at the real width), the backward pass, the loss's logits and the
+runtime, for full rows of cutoff_len tokens; `gemmaforge train` makes the same plan first and refuses a
+config that cannot fit (train.check_memory=false trains anyway).
+
+examples:
+  gemmaforge plan examples/quickstart.yaml
+  gemmaforge plan my.yaml --gpu-memory 24GiB                # for an RX 7900 XTX, from any machine
+  gemmaforge plan my.yaml train.per_device_train_batch_size=16 train.gradient_checkpointing=true --json
+"""
+
+
+def add_system_verbs(verbs: argparse._SubParsersAction) -> None:
+    p = verbs.add_parser(
+        "doctor", help="Check this machine: torch build, GPUs, ROCm access and arch, bf16, attention kernels, tools.",
+        description="Check whether this machine can train, export and serve: OS and Python, the torch build, "
+        "every GPU (torch, the driver's real arch, rocm-smi/amd-smi/nvidia-smi readings), /dev/kfd access and "
+        "groups, the arch in torch's kernels, HSA_OVERRIDE_GFX_VERSION, the bf16 decision, a fused-attention probe, "
+        "flash-attn, bitsandbytes, conflicting packages, free disk, the HF token, llama.cpp and ollama. Each "
+        "check says PASS, WARN, FAIL or SKIP with a one-line fix; exit 1 when one fails.",
+    )
+    p.add_argument("--json", action="store_true", help='the report as JSON (schema "gemmaforge-doctor/1", see README)')
+    p = verbs.add_parser(
+        "plan", help="Predict a config's peak training memory, the largest batch and cutoff that fit, and fixes.",
+        description="Predict the peak memory of training CONFIG on this device (or on a GPU of --gpu-memory), "
+        "part by part, with the largest batch and cutoff_len that fit and what to change when it does not fit.",
+        epilog=PLAN_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("config", type=Path)
+    p.add_argument("overrides", nargs="*", metavar="key.sub=value")
+    p.add_argument("--gpu-memory", metavar="SIZE", help="plan for a GPU with this much memory (24GiB, 16G, 80GB)")
+    p.add_argument("--json", action="store_true", help="the plan as JSON")
+
+
+def run_plan(args: argparse.Namespace, home: Path) -> bool:
+    """Print the plan; True when it fits."""
+    from gemmaforge.models import load_tokenizer, resolve_model
+    from gemmaforge.system.memory_plan import Planner, parse_memory, plan_json, plan_summary, this_device
+    from gemmaforge.train.precision import resolve_precision
+
+    config = load_config(args.config, args.overrides)
+    gpu_memory = parse_memory(args.gpu_memory) if args.gpu_memory is not None else None
+    base = resolve_model(config.model.name_or_path, home, config.model.revision)
+    requested = config.train.precision
+    # for another machine's GPU, auto means bf16 (every GPU gemmaforge targets has it but RDNA1/2)
+    precision = "bf16" if gpu_memory is not None and requested == "auto" else resolve_precision(requested, base.family)
+    load_tokenizer(base.path)  # resident as it will be in training, for the CPU's runtime part
+    plan = Planner(config, base, precision, this_device(gpu_memory)).plan()
+    print(plan_json(plan) if args.json else plan_summary(plan))
+    return plan.fits
 
 
 def add_engine_options(p: argparse.ArgumentParser) -> None:
@@ -300,7 +355,7 @@ def main(argv: list[str] | None = None) -> int:
     # transformers warns about its own deprecated API whenever PEFT wraps a model: noise to users.
     warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
     try:
-        dispatch(parse_args(build_parser(), argv))
+        code = dispatch(parse_args(build_parser(), argv))
     except UserError as exc:
         console.print(f"[red]gemmaforge: error:[/] {exc}")
         return 2
@@ -310,7 +365,7 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         console.print("gemmaforge: interrupted")
         return 130
-    return 0
+    return code
 
 
 def parse_args(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse.Namespace:
@@ -324,7 +379,8 @@ def parse_args(parser: argparse.ArgumentParser, argv: list[str] | None) -> argpa
     return args
 
 
-def dispatch(args: argparse.Namespace) -> None:
+def dispatch(args: argparse.Namespace) -> int:
+    """Run the verb; its exit code (a verb that reports, such as doctor, can fail without an exception)."""
     home = default_home()
     if args.verb == "run":
         run = pipeline.run_all(load_config(args.config, args.overrides), home)
@@ -344,6 +400,12 @@ def dispatch(args: argparse.Namespace) -> None:
         serve(args.models, serve_options(args), home)
     elif args.verb == "chat":
         run_chat(args, home)
+    elif args.verb == "doctor":
+        from gemmaforge.system.doctor import doctor
+
+        return doctor(args.json)
+    elif args.verb == "plan":
+        return 0 if run_plan(args, home) else 1
     elif args.verb == "export" and args.target == "gguf" and is_checkpoint(args.run_dir):
         split = split_from(ExportConfig(), args)
         pipeline.export_checkpoint_gguf(args.run_dir, args.quant or ["f16"], args.output, split)
@@ -366,6 +428,7 @@ def dispatch(args: argparse.Namespace) -> None:
             pipeline.stage_export_vllm(run, config, base, adapter=args.adapter)
         else:
             pipeline.stage_export_ollama(run, config, base, create=args.create, adapter=args.adapter)
+    return 0
 
 
 def split_from(export: ExportConfig, args: argparse.Namespace) -> Split:

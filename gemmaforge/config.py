@@ -141,6 +141,10 @@ class TrainConfig(Section):
     )
     precision: Literal["auto", "bf16", "fp16", "fp32"] = "auto"
     gradient_checkpointing: bool = Field(False, description="recompute activations in backward: less memory, ~30% slower")
+    check_memory: bool = Field(
+        True, description="refuse, before the model loads, a config the memory planner says cannot fit the device "
+        "(`gemmaforge plan`); false: train anyway"
+    )
     dataloader_num_workers: int = Field(0, ge=0)
     report_to: Literal["none", "tensorboard"] = Field("none", description="tensorboard: logs under RUN_DIR/tensorboard")
     seed: int = 42

@@ -7,9 +7,13 @@ from pathlib import Path
 from typing import Any
 
 from transformers import TrainerCallback
+from transformers.trainer_callback import ProgressCallback
+
+from gemmaforge.system.monitor import MONITOR_KEYS, status_line
 
 _KEPT = (
     "loss", "eval_loss", "learning_rate", "grad_norm", "epoch", "supervised_tokens_per_second", "peak_memory_bytes",
+    *MONITOR_KEYS,
 )
 
 
@@ -63,3 +67,19 @@ def plot_losses(metrics_path: Path, plot_path: Path) -> None:
     tmp.replace(plot_path)
 
 
+class TrainingProgress(ProgressCallback):
+    """The progress bar with one readable line per log: step, loss, throughput and the device's state."""
+
+    def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None, **kwargs: Any) -> None:
+        if not state.is_world_process_zero or self.training_bar is None or not logs:
+            return
+        if "loss" not in logs and "eval_loss" not in logs:
+            return
+        parts = [f"step {state.global_step}/{state.max_steps}"]
+        parts += [f"{key.replace('_', ' ')} {logs[key]:.4g}" for key in ("loss", "eval_loss", "grad_norm") if key in logs]
+        if "learning_rate" in logs:
+            parts.append(f"lr {logs['learning_rate']:.2e}")
+        if "supervised_tokens_per_second" in logs:
+            parts.append(f"{logs['supervised_tokens_per_second']:,.0f} tok/s")
+        device = status_line(logs)
+        self.training_bar.write("  ".join(parts + ([device] if device else [])))

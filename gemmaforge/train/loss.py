@@ -19,6 +19,7 @@ import torch.utils.checkpoint
 from transformers import Trainer
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
+from gemmaforge.system.monitor import DeviceMonitor
 from gemmaforge.templates import IGNORE_INDEX
 from gemmaforge.train.linear_cross_entropy import linear_cross_entropy
 
@@ -104,7 +105,9 @@ class SupervisedLossTrainer(Trainer):
         self.loss_is_scaled_for_ga = True
         self.supervised_tokens = 0  # since the last log
         self.examples_trained = self.supervised_trained = 0  # by this process's loop
+        self.positions = self.padding = 0  # of the batches trained: for the slow-step findings
         self.last_log_time = time.perf_counter()
+        self.monitor: DeviceMonitor | None = None  # its readings join every training log
 
     def compute_loss(self, model: Any, inputs: dict[str, torch.Tensor], return_outputs: bool = False,
                      num_items_in_batch: Any = None) -> Any:
@@ -117,11 +120,17 @@ class SupervisedLossTrainer(Trainer):
         self.supervised_tokens += supervised
         self.supervised_trained += supervised
         self.examples_trained += int(inputs.pop("examples").sum()) if "examples" in inputs else labels.shape[0]
+        self.positions += labels.numel()
+        self.padding += int((inputs["input_ids"] == self.processing_class.pad_token_id).sum())
         loss = super().training_step(model, inputs, num_items_in_batch)
         value = float(loss)  # one host sync per step: cheap next to a step, and garbage never trains on
         if not math.isfinite(value):
             raise NonFiniteLoss(self.state.global_step + 1, value)
         return loss
+
+    @property
+    def padding_share(self) -> float:
+        return self.padding / self.positions if self.positions else 0.0
 
     def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
         if "loss" in logs:
@@ -129,6 +138,8 @@ class SupervisedLossTrainer(Trainer):
             logs["supervised_tokens_per_second"] = round(self.supervised_tokens / max(now - self.last_log_time, 1e-9), 1)
             logs["peak_memory_bytes"] = peak_memory_bytes()
             self.supervised_tokens, self.last_log_time = 0, now
+            if self.monitor is not None:
+                logs.update(self.monitor.fields())
         super().log(logs, start_time)
 
     def prediction_step(self, model: Any, inputs: dict[str, torch.Tensor], prediction_loss_only: bool,

@@ -1,4 +1,4 @@
-"""Pick the compute precision for a family on this device."""
+"""Pick the compute precision for a family on this device, and say why."""
 
 from __future__ import annotations
 
@@ -6,38 +6,45 @@ from pathlib import Path
 
 from gemmaforge.errors import UserError
 from gemmaforge.families import Family
+from gemmaforge.system.rocm import has_bf16, real_arch
 
-# ROCm archs with bf16 hardware: CDNA (MI100/200/300) and RDNA3/4. RDNA1/2 (gfx10xx) have none,
-# although torch.cuda.is_bf16_supported() answers True for every ROCm device.
-_ROCM_BF16_PREFIXES = ("gfx908", "gfx90a", "gfx94", "gfx95", "gfx11", "gfx12")
+CPU_BF16_FLAGS = ("avx512_bf16", "amx_bf16")
 
 
-def cpu_has_bf16() -> bool:
+def cpu_bf16_flags() -> list[str]:
     """AVX512-BF16 or AMX: without them bf16 matmuls on the CPU are emulated and slower than fp32."""
     try:
-        flags = Path("/proc/cpuinfo").read_text()
+        flags = Path("/proc/cpuinfo").read_text().split()
     except OSError:
-        return False
-    return any(flag in flags for flag in ("avx512_bf16", "amx_bf16"))
+        return []
+    return [flag for flag in CPU_BF16_FLAGS if flag in flags]
 
 
-def gpu_has_bf16() -> bool:
+def bf16_decision() -> tuple[bool, str]:
+    """Whether `precision: auto` trains in bf16 on this device, and the reason in words."""
     import torch
 
-    props = torch.cuda.get_device_properties(0)
-    if torch.version.hip:
-        arch = getattr(props, "gcnArchName", "").split(":")[0]
-        return arch.startswith(_ROCM_BF16_PREFIXES)
-    return props.major >= 8  # Ampere and newer
+    if torch.cuda.is_available():
+        props = torch.cuda.get_device_properties(0)
+        if torch.version.hip:
+            spoofed = getattr(props, "gcnArchName", "").split(":")[0]
+            arch = real_arch(0) or spoofed  # the driver's arch: an HSA override changes only gcnArchName
+            if has_bf16(arch):
+                return True, f"{props.name} ({arch}) has bf16 hardware"
+            return False, (f"{props.name} ({arch}) has no bf16 hardware (RDNA1/2); torch.cuda.is_bf16_supported() "
+                           "says True on every ROCm device, so the arch decides: fp32")
+        if props.major >= 8:
+            return True, f"{props.name} (compute capability {props.major}.{props.minor}) has bf16 hardware"
+        return False, f"{props.name} (compute capability {props.major}.{props.minor}) has no bf16 hardware: fp32"
+    flags = cpu_bf16_flags()
+    if flags:
+        return True, f"this CPU has {' and '.join(flags)}: bf16 matmuls run in hardware"
+    return False, "this CPU has neither avx512_bf16 nor amx_bf16: bf16 would be emulated, slower than fp32"
 
 
 def resolve_precision(requested: str, family: Family) -> str:
-    import torch
-
     if requested == "fp16" and not family.fp16_safe:
         raise UserError(f"train.precision=fp16: {family.name} activations overflow in fp16 (NaN loss); use bf16 or fp32")
     if requested != "auto":
         return requested
-    if torch.cuda.is_available():
-        return "bf16" if gpu_has_bf16() else "fp32"
-    return "bf16" if cpu_has_bf16() else "fp32"
+    return "bf16" if bf16_decision()[0] else "fp32"

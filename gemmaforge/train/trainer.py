@@ -14,9 +14,12 @@ from gemmaforge.errors import StageError, UserError
 from gemmaforge.families import Family
 from gemmaforge.models import ResolvedModel, load_causal_lm, load_tokenizer
 from gemmaforge.runs import RunDir, atomic_dir
+from gemmaforge.system.memory_plan import Plan, Planner, plan_summary, this_device
+from gemmaforge.system.monitor import DeviceMonitor
+from gemmaforge.system.sdpa_probe import attention_finding
 from gemmaforge.templates import hf_chat_template
 from gemmaforge.train import packed_attention
-from gemmaforge.train.callbacks import MetricsCallback
+from gemmaforge.train.callbacks import MetricsCallback, TrainingProgress
 from gemmaforge.train.checkpoints import CompleteMarker, keep_metrics_until, last_complete_checkpoint
 from gemmaforge.train.collate import RightPadCollator, tokenize_conversations
 from gemmaforge.train.dropout import use_byte_mask_dropout
@@ -25,6 +28,13 @@ from gemmaforge.train.loss import NonFiniteLoss, SupervisedLossTrainer, install_
 from gemmaforge.train.packing import PackedCollator, pack_examples
 from gemmaforge.train.preflight import preflight
 from gemmaforge.train.template_tokens import use_sparse_template_tokens
+from gemmaforge.train.troubleshoot import (
+    StepClock,
+    diagnose_non_finite,
+    diagnose_out_of_memory,
+    is_out_of_memory,
+    slow_step_findings,
+)
 
 
 def lora_targets(config: RunConfig, base: ResolvedModel) -> list[str] | str:
@@ -37,13 +47,21 @@ def template_token_ids(tokenizer: Any, family: Family) -> list[int]:
 
 def build_peft_model(config: RunConfig, base: ResolvedModel, tokenizer: Any, precision: str) -> Any:
     import torch
-    from peft import LoraConfig, get_peft_model, prepare_model_for_kbit_training
     from transformers import set_seed
 
     set_seed(config.train.seed)  # the LoRA initialisation draws from the global RNG: same config, same run
     dtype = torch.bfloat16 if precision == "bf16" else torch.float32
     model = load_causal_lm(base.path, base.family, dtype, load_in_4bit=config.model.load_in_4bit)
-    if config.train.packing and base.family.attn_implementation == "sdpa":
+    token_ids = template_token_ids(tokenizer, base.family) if config.lora.train_template_tokens else None
+    return wrap_for_training(model, config, base.family, lora_targets(config, base), token_ids)
+
+
+def wrap_for_training(model: Any, config: RunConfig, family: Family, targets: list[str] | str,
+                      template_ids: list[int] | None) -> Any:
+    """The PEFT model exactly as training runs it (the memory planner traces the same wrapping)."""
+    from peft import LoraConfig, get_peft_model, prepare_model_for_kbit_training
+
+    if config.train.packing and family.attn_implementation == "sdpa":
         model.set_attn_implementation(packed_attention.register())  # each packed example attends alone
     if config.model.load_in_4bit:
         model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=config.train.gradient_checkpointing)
@@ -55,12 +73,12 @@ def build_peft_model(config: RunConfig, base: ResolvedModel, tokenizer: Any, pre
             r=lora.r,
             lora_alpha=lora.lora_alpha,
             lora_dropout=lora.lora_dropout,
-            target_modules=lora_targets(config, base),
+            target_modules=targets,
             bias=lora.bias,
             use_rslora=lora.use_rslora,
             use_dora=lora.use_dora,
             modules_to_save=lora.modules_to_save,
-            trainable_token_indices=template_token_ids(tokenizer, base.family) if lora.train_template_tokens else None,
+            trainable_token_indices=template_ids,
         ),
     )
     use_sparse_template_tokens(model)
@@ -132,10 +150,18 @@ def encode_split(run: RunDir, config: RunConfig, tokenizer: Any, family: Family,
     )
 
 
+# oneDNN, which runs the CPU's matmuls, keeps a compiled kernel for every shape it meets, up to 1024. Packed
+# batches bring new shapes for many steps, and a packed CPU run held 1.6 GiB more after 115 steps, still
+# growing; 128 holds what one step needs: the same step time, and memory that levels off (benchmarks/README.md).
+ONEDNN_CACHE_CAPACITY = "128"
+
+
 def train(run: RunDir, config: RunConfig, base: ResolvedModel) -> dict[str, Any]:
     """Train and save the adapter (with the tokenizer and its chat template) into run.adapter_dir."""
+    os.environ.setdefault("ONEDNN_PRIMITIVE_CACHE_CAPACITY", ONEDNN_CACHE_CAPACITY)  # read at oneDNN's first use
     import torch
     from transformers import EarlyStoppingCallback
+    from transformers.trainer_callback import ProgressCallback
 
     family = base.family
     precision = preflight(config, base)
@@ -155,6 +181,7 @@ def train(run: RunDir, config: RunConfig, base: ResolvedModel) -> dict[str, Any]
     else:
         train_set, val_set, collator = train_rows, val_rows, RightPadCollator(tokenizer.pad_token_id)
 
+    plan = check_memory(config, base, precision)
     model = build_peft_model(config, base, tokenizer, precision)
     args = training_arguments(config, run, precision, has_val=bool(val_rows))
     resume = last_complete_checkpoint(run.checkpoints_dir, delete_incomplete=is_main_process())
@@ -165,7 +192,8 @@ def train(run: RunDir, config: RunConfig, base: ResolvedModel) -> dict[str, Any]
             keep_metrics_until(run.metrics_path, resumed_step)
     elif is_main_process():
         run.metrics_path.unlink(missing_ok=True)
-    callbacks: list[Any] = [MetricsCallback(run.metrics_path, run.loss_plot_path), CompleteMarker()]
+    clock = StepClock()
+    callbacks: list[Any] = [MetricsCallback(run.metrics_path, run.loss_plot_path), CompleteMarker(), clock]
     if config.train.early_stopping_patience and val_rows:
         callbacks.append(EarlyStoppingCallback(early_stopping_patience=config.train.early_stopping_patience))
     trainer = SupervisedLossTrainer(
@@ -177,12 +205,24 @@ def train(run: RunDir, config: RunConfig, base: ResolvedModel) -> dict[str, Any]
         processing_class=tokenizer,
         callbacks=callbacks,
     )
+    if trainer.pop_callback(ProgressCallback):  # absent when the progress bar is disabled
+        trainer.add_callback(TrainingProgress())
+    trainer.monitor = DeviceMonitor().start()
     start = time.perf_counter()
     try:
         result = trainer.train(resume_from_checkpoint=str(resume) if resume else None)
     except NonFiniteLoss as exc:
-        raise StageError(diagnose_non_finite(exc, config, precision)) from None
+        raise StageError(diagnose_non_finite(exc, config, precision, family)) from None
+    except (RuntimeError, MemoryError) as exc:
+        if not is_out_of_memory(exc):
+            raise
+        raise StageError(diagnose_out_of_memory(exc, plan, config)) from None
+    finally:
+        trainer.monitor.stop()
     runtime = time.perf_counter() - start
+    findings = slow_step_findings(clock, trainer.padding_share, config, attention_finding(head_dim(base), model.dtype))
+    for line in findings:
+        console.print(f"[yellow]train: slow steps[/]: {line}")
     evals = [log for log in trainer.state.log_history if "eval_loss" in log]
     if val_rows and (not evals or evals[-1]["step"] != result.global_step or config.train.load_best_model_at_end):
         evals.append(trainer.evaluate())  # of the restored best model when load_best_model_at_end
@@ -211,10 +251,34 @@ def train(run: RunDir, config: RunConfig, base: ResolvedModel) -> dict[str, Any]
         "samples_per_second": round(examples / runtime, 3),
         "supervised_tokens_per_second": round(supervised / runtime, 1),
         "peak_memory_bytes": peak_memory_bytes(),
+        "planned_peak_bytes": plan.peak_bytes,
+        "data_wait_share": round(clock.data_wait_share, 3),
+        "padding_share": round(trainer.padding_share, 3),
+        "slow_step_findings": findings,
+        "monitor_problems": trainer.monitor.problems,
         "lora_targets": lora_targets(config, base),
         "world_size": len(checksums),
         "adapter_checksum": checksums[0],
     }
+
+
+def check_memory(config: RunConfig, base: ResolvedModel, precision: str) -> Plan:
+    """The memory plan for this device; a config that cannot fit is refused before the model loads."""
+    plan = Planner(config, base, precision, this_device()).plan()
+    if not plan.fits and config.train.check_memory:
+        raise UserError(f"this config cannot fit: {plan_summary(plan)}\n(train.check_memory=false trains anyway)")
+    if not plan.fits:
+        console.print(f"[yellow]train[/]: the memory plan says this does not fit; training anyway "
+                      f"(train.check_memory=false)\n{plan_summary(plan)}")
+    return plan
+
+
+def head_dim(base: ResolvedModel) -> int:
+    from transformers import AutoConfig
+
+    cfg = AutoConfig.from_pretrained(base.path)
+    cfg = getattr(cfg, "text_config", None) or cfg
+    return getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
 
 
 def adapter_checksum(model: Any) -> str:
@@ -227,20 +291,3 @@ def adapter_checksum(model: Any) -> str:
             digest.update(name.encode())
             digest.update(param.detach().float().cpu().numpy().tobytes())
     return digest.hexdigest()[:16]
-
-
-def diagnose_non_finite(exc: NonFiniteLoss, config: RunConfig, precision: str) -> str:
-    """What to change after a NaN/inf loss, most likely cause first."""
-    t = config.train
-    hints = []
-    if precision == "fp16":
-        hints.append("fp16 overflows easily: set train.precision=bf16 (or fp32 where bf16 is missing)")
-    if t.learning_rate > 5e-4:
-        hints.append(f"train.learning_rate={t.learning_rate} is high for LoRA: try {t.learning_rate / 10:g}")
-    if t.warmup_steps == 0 and t.warmup_ratio == 0:
-        hints.append("add warmup: train.warmup_ratio=0.03")
-    hints.append("check the data around this step: `gemmaforge data inspect RUN_DIR/data/train.jsonl`")
-    return (
-        f"training stopped: the loss became {exc.loss} at step {exc.step} (precision {precision}); "
-        "nothing was trained on it. Likely fixes: " + "; ".join(hints)
-    )

@@ -1,0 +1,1 @@
+"""What the machine offers training: GPU readings, memory plans and activation counts."""

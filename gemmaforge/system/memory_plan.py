@@ -1,0 +1,295 @@
+"""Peak training memory of a config, predicted before any weight loads, and what to change when it cannot fit.
+
+The peak is the sum of terms that are each counted, not guessed:
+* weights: the whole model built on the meta device (no memory) and wrapped as training wraps it; frozen
+  weights in the training dtype, or NF4 (~0.52 bytes each) for the linear layers of a 4-bit base;
+* trainable: each trainable parameter in fp32 with its gradient and AdamW's two moments (16 bytes);
+* activations: what autograd keeps, per token and layer (system/activations.py), for full rows of
+  cutoff_len tokens (the worst batch); with gradient checkpointing, the layers' inputs;
+* backward: while a layer's backward runs, its gradients take about what it kept (with gradient
+  checkpointing, its recomputed activations as well);
+* logits: one chunk of logits_chunk_size supervised positions x the vocabulary, in fp32 with its softmax and
+  its gradient in the training dtype;
+* runtime: on the CPU, this process's resident memory before the model loads (interpreter, libraries,
+  tokenizer, data). Loading has its own peak there: the checkpoint file mapped while its weights convert.
+  On a GPU, the driver context outside torch's allocator;
+* cpu heap: on the CPU, memory freed by activations that glibc keeps fragmented in its heap (measured).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from gemmaforge.config import RunConfig
+from gemmaforge.errors import UserError
+from gemmaforge.models import ResolvedModel
+from gemmaforge.system.activations import ActivationProfile, profile_activations, text_config
+
+GiB = 2**30
+ADAMW_BYTES_PER_PARAM = 16  # fp32 value, gradient, two moments
+NF4_BYTES_PER_PARAM = 0.5 + 1 / 64 + 4 / (64 * 256)  # 4 bits, an 8-bit absmax per 64, an fp32 per 256 absmax
+GPU_CONTEXT_BYTES = 512 * 2**20  # CUDA/HIP context and kernels outside torch's allocator (typical; not measured here)
+# glibc's heap on the CPU keeps memory that activations freed, fragmented: mallinfo2 shows it growing by about
+# half of what a layer's activations take, per layer and token, when packed rows run attention one example at
+# a time (many differently sized buffers), and by a fifth for unpadded rows (benchmarks/memory_plan.py)
+CPU_HEAP_SHARE = {True: 0.5, False: 0.2}
+LOGIT_BYTES = 4 + 4 + 2  # fp32 logits, fp32 softmax worked in place then its gradient in bf16 (+ one spare fp32)
+
+
+@dataclass(frozen=True)
+class Device:
+    kind: str  # "cpu" or "gpu"
+    name: str
+    capacity_bytes: int  # what training may use
+    runtime_bytes: int  # already used before the model loads (CPU: this process; GPU: the driver context)
+
+
+@dataclass(frozen=True)
+class ModelCounts:
+    frozen_bytes: int  # weights that do not train, in their training dtype
+    trainable_params: int
+    checkpoint_bytes: int  # the checkpoint files on disk (mapped while loading on the CPU)
+    vocab_size: int
+    layers: int
+
+
+@dataclass(frozen=True)
+class Plan:
+    device: Device
+    batch_size: int
+    cutoff_len: int
+    gradient_checkpointing: bool
+    parts: dict[str, int]
+    load_peak_bytes: int  # CPU only: the loading peak (0 on a GPU)
+    advice: list[str] = field(default_factory=list)
+    largest_batch: int = 0  # at this cutoff_len (0: none fits)
+    largest_cutoff: int = 0  # at this batch size
+
+    @property
+    def peak_bytes(self) -> int:
+        return max(sum(self.parts.values()), self.load_peak_bytes)
+
+    @property
+    def fits(self) -> bool:
+        return self.peak_bytes <= self.device.capacity_bytes
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "device": vars(self.device), "batch_size": self.batch_size, "cutoff_len": self.cutoff_len,
+            "gradient_checkpointing": self.gradient_checkpointing, "parts": self.parts,
+            "load_peak_bytes": self.load_peak_bytes, "peak_bytes": self.peak_bytes, "fits": self.fits,
+            "largest_batch": self.largest_batch, "largest_cutoff": self.largest_cutoff, "advice": self.advice,
+        }
+
+
+class Planner:
+    """Counts once per model and config, then prices any batch size and cutoff_len."""
+
+    def __init__(self, config: RunConfig, base: ResolvedModel, precision: str, device: Device):
+        import torch
+        from transformers import AutoConfig
+
+        self.config, self.device = config, device
+        self.dtype = torch.bfloat16 if precision == "bf16" else torch.float32
+        model_config = AutoConfig.from_pretrained(base.path)
+        self.context = getattr(text_config(model_config), "max_position_embeddings", None) or 8192
+        self.counts = count_model(model_config, base, config, self.dtype)
+        self.profile: ActivationProfile = profile_activations(model_config, base.family, config, self.dtype)
+        if device.kind == "cpu":  # the probe's memory stays in this process's heap, under the model that loads next
+            self.device = replace(device, runtime_bytes=max(device.runtime_bytes, resident_bytes()))
+
+    def parts(self, batch: int, cutoff: int, checkpointing: bool) -> dict[str, int]:
+        tokens = batch * cutoff
+        chunk = min(self.config.train.logits_chunk_size, tokens)
+        layer = self.profile.largest_layer(tokens, cutoff)
+        parts = {
+            "runtime": self.device.runtime_bytes,
+            "weights": self.counts.frozen_bytes,
+            "trainable": self.counts.trainable_params * ADAMW_BYTES_PER_PARAM,
+            "activations": round(self.profile.total(tokens, cutoff, checkpointing)),
+            "backward": round(layer * (2 if checkpointing else 1)),
+            "logits": chunk * self.counts.vocab_size * LOGIT_BYTES,
+        }
+        if self.device.kind == "cpu":
+            share = CPU_HEAP_SHARE[self.config.train.packing]
+            parts["cpu heap"] = round(share * self.profile.total(tokens, cutoff, checkpointing=False))
+        return parts
+
+    def load_peak(self) -> int:
+        if self.device.kind != "cpu":
+            return 0
+        return self.device.runtime_bytes + self.counts.checkpoint_bytes + self.counts.frozen_bytes
+
+    def fits(self, batch: int, cutoff: int, checkpointing: bool) -> bool:
+        return max(sum(self.parts(batch, cutoff, checkpointing).values()), self.load_peak()) <= self.device.capacity_bytes
+
+    def plan(self) -> Plan:
+        t = self.config.train
+        checkpointing = t.gradient_checkpointing
+        plan = Plan(self.device, t.per_device_train_batch_size, t.cutoff_len, checkpointing,
+                    self.parts(t.per_device_train_batch_size, t.cutoff_len, checkpointing), self.load_peak(),
+                    largest_batch=self.largest_batch(t.cutoff_len, checkpointing),
+                    largest_cutoff=self.largest_cutoff(t.per_device_train_batch_size, checkpointing))
+        return replace(plan, advice=self.advice(plan))
+
+    def largest_batch(self, cutoff: int, checkpointing: bool) -> int:
+        return _largest(lambda b: self.fits(b, cutoff, checkpointing), 1, 4096)
+
+    def largest_cutoff(self, batch: int, checkpointing: bool) -> int:
+        # in multiples of 8 tokens, the granularity kernels work in
+        return 8 * _largest(lambda c: self.fits(batch, 8 * c, checkpointing), 1, self.context // 8)
+
+    def advice(self, plan: Plan) -> list[str]:
+        """What to change, each priced by this planner; empty when the plan fits."""
+        if plan.fits:
+            return []
+        t = self.config.train
+        if plan.load_peak_bytes > self.device.capacity_bytes:
+            return [(f"loading alone needs {gib(plan.load_peak_bytes)} on this {self.device.kind}: the model is "
+                    f"too large for {gib(self.device.capacity_bytes)}; use a smaller Gemma or a machine with more memory")]
+        hints = []
+        if not t.gradient_checkpointing and self.fits(t.per_device_train_batch_size, t.cutoff_len, True):
+            peak = sum(self.parts(t.per_device_train_batch_size, t.cutoff_len, True).values())
+            hints.append(f"train.gradient_checkpointing=true: peak {gib(peak)} (about 30% slower steps)")
+        if plan.largest_batch:
+            b = plan.largest_batch
+            accumulation = t.gradient_accumulation_steps * math.ceil(t.per_device_train_batch_size / b)
+            hints.append(f"train.per_device_train_batch_size={b} train.gradient_accumulation_steps={accumulation} "
+                         f"(the same {t.per_device_train_batch_size * t.gradient_accumulation_steps}-row effective "
+                         "batch or more)")
+        if plan.largest_cutoff:
+            hints.append(f"train.cutoff_len={plan.largest_cutoff} (longer examples are dropped or truncated)")
+        if not t.gradient_checkpointing:
+            b = self.largest_batch(t.cutoff_len, True)
+            if b and b != plan.largest_batch:
+                hints.append(f"train.gradient_checkpointing=true with train.per_device_train_batch_size={b}")
+        if self.device.kind == "gpu" and not self.config.model.load_in_4bit:
+            hints.append("model.load_in_4bit=true (QLoRA): the frozen linear weights in ~0.52 bytes per parameter")
+        return hints or [(f"nothing fits in {gib(self.device.capacity_bytes)}: even a batch of 1 row of 8 tokens "
+                         "needs more; use a smaller Gemma or a device with more memory")]
+
+
+def _largest(fits: Any, low: int, high: int) -> int:
+    """The largest n in [low, high] with fits(n), for a monotone fits; 0 when even `low` does not fit."""
+    if not fits(low):
+        return 0
+    while low < high:
+        mid = (low + high + 1) // 2
+        low, high = (mid, high) if fits(mid) else (low, mid - 1)
+    return low
+
+
+def count_model(model_config: Any, base: ResolvedModel, config: RunConfig, dtype: Any) -> ModelCounts:
+    """Parameter bytes of the model wrapped for training, built on the meta device."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from gemmaforge.train.trainer import lora_targets, wrap_for_training
+
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(model_config, dtype=dtype)
+        unquantized = config.model_copy(deep=True)
+        unquantized.model.load_in_4bit = False  # bitsandbytes cannot quantize meta tensors: priced below
+        token_ids = [0, 1] if config.lora.train_template_tokens else None  # two marker rows; ids do not matter here
+        model = wrap_for_training(model, unquantized, base.family, lora_targets(config, base), token_ids)
+    frozen = trainable = 0
+    element = torch.finfo(dtype).bits // 8
+    for name, param in model.named_parameters():
+        if param.requires_grad:
+            trainable += param.numel()
+        elif config.model.load_in_4bit and _quantized_by_bitsandbytes(name, param):
+            frozen += math.ceil(param.numel() * NF4_BYTES_PER_PARAM)
+        else:
+            frozen += param.numel() * element
+    cfg = text_config(model_config)
+    return ModelCounts(frozen, trainable, checkpoint_bytes(base.path), cfg.vocab_size, cfg.num_hidden_layers)
+
+
+def _quantized_by_bitsandbytes(name: str, param: Any) -> bool:
+    """bitsandbytes quantizes the linear weights inside the decoder layers (not embeddings, norms or lm_head)."""
+    return param.dim() == 2 and ".layers." in name and "lora_" not in name
+
+
+def checkpoint_bytes(model_dir: Path) -> int:
+    return sum(f.stat().st_size for f in model_dir.glob("*.safetensors"))
+
+
+def gib(n: float) -> str:
+    return f"{n / GiB:.2f} GiB"
+
+
+_UNITS = {"": 1, "b": 1, "k": 2**10, "kb": 2**10, "kib": 2**10, "m": 2**20, "mb": 2**20, "mib": 2**20,
+          "g": GiB, "gb": GiB, "gib": GiB, "t": 2**40, "tb": 2**40, "tib": 2**40}
+
+
+def parse_memory(text: str, source: str = "--gpu-memory") -> int:
+    """'24GiB', '24G', '24GB', '16000MiB', '0.5T' -> bytes. GPU memory is sold in binary units (a 24 GB card
+    has 24 GiB), so GB and G mean GiB here."""
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*", text)
+    if not match or match.group(2).lower() not in _UNITS or float(match.group(1)) <= 0:
+        raise UserError(f"{source} {text!r}: expected a size such as 24GiB, 16G or 8000MiB")
+    return int(float(match.group(1)) * _UNITS[match.group(2).lower()])
+
+
+# ---------------------------------------------------------------------------- devices
+
+
+def this_device(gpu_memory: int | None = None) -> Device:
+    """The device training will use, or a GPU with `gpu_memory` bytes (planning for another machine)."""
+    import torch
+
+    if gpu_memory is not None:
+        return Device("gpu", "a GPU", gpu_memory, GPU_CONTEXT_BYTES)
+    if torch.cuda.is_available():
+        free, _total = torch.cuda.mem_get_info()  # after the context is made: free excludes it
+        return Device("gpu", torch.cuda.get_device_name(0), int(free), 0)
+    rss = resident_bytes()
+    return Device("cpu", "this CPU", available_ram() + rss, rss)
+
+
+def resident_bytes() -> int:
+    """This process's resident memory now."""
+    try:
+        pages = int(Path("/proc/self/statm").read_text().split()[1])
+    except (OSError, IndexError, ValueError):
+        return 0
+    import os
+
+    return pages * os.sysconf("SC_PAGE_SIZE")
+
+
+def available_ram() -> int:
+    """MemAvailable from /proc/meminfo (what can be used without swapping), else total memory."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError):
+        pass
+    import os
+
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def plan_summary(plan: Plan) -> str:
+    lines = [(f"memory plan on {plan.device.name} ({plan.device.kind}): batch {plan.batch_size} x cutoff_len "
+             f"{plan.cutoff_len}, gradient checkpointing {'on' if plan.gradient_checkpointing else 'off'}")]
+    for name, value in plan.parts.items():
+        lines.append(f"  {name:12} {gib(value):>12}")
+    if plan.load_peak_bytes:
+        lines.append(f"  {'load peak':12} {gib(plan.load_peak_bytes):>12}  (the checkpoint mapped while it converts)")
+    verdict = "fits" if plan.fits else "does NOT fit"
+    lines.append(f"  {'peak':12} {gib(plan.peak_bytes):>12}  of {gib(plan.device.capacity_bytes)}: {verdict}")
+    lines.append(f"  largest batch at cutoff_len {plan.cutoff_len}: {plan.largest_batch or 'none'}; largest "
+                 f"cutoff_len at batch {plan.batch_size}: {plan.largest_cutoff or 'none'}")
+    lines.extend(f"  try: {hint}" for hint in plan.advice)
+    return "\n".join(lines)
+
+
+def plan_json(plan: Plan) -> str:
+    return json.dumps(plan.as_dict(), indent=2)

@@ -1,0 +1,110 @@
+"""The device monitor of a training run: GPU tools polled in the background, torch's counters at each log.
+
+A thread runs `amd-smi` / `rocm-smi` / `nvidia-smi` (as programs: system/gpu_tools.py) every few seconds and
+keeps the latest reading of the GPU this process trains on; `fields()` adds torch's own counters and returns
+what goes into metrics.jsonl and the progress line. A tool that fails or prints something unreadable never
+stops training: its fields become None and each distinct reason is logged once.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from gemmaforge.console import console
+from gemmaforge.system.gpu_tools import GpuQuery, GpuReading, query_gpus
+
+GPU_FIELDS = ("utilization_pct", "memory_used_bytes", "memory_total_bytes", "temperature_c", "power_w")
+INTERVAL_S = 5.0
+MONITOR_KEYS = ("gpu_name", *(f"gpu_{name}" for name in GPU_FIELDS), "torch_allocated_bytes", "torch_reserved_bytes",
+                "rss_bytes")
+
+
+def visible_index(local_rank: int) -> int:
+    """The index the tools give the GPU this process uses: the rank's entry of *_VISIBLE_DEVICES when set."""
+    for name in ("HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES"):
+        entries = [e.strip() for e in os.environ.get(name, "").split(",") if e.strip()]
+        if local_rank < len(entries) and entries[local_rank].isdigit():
+            return int(entries[local_rank])
+    return local_rank
+
+
+class DeviceMonitor:
+    def __init__(self, interval_s: float = INTERVAL_S, query: Callable[[], GpuQuery] = query_gpus,
+                 index: int | None = None):
+        self.interval_s = interval_s
+        self.query = query
+        self.index = visible_index(int(os.environ.get("LOCAL_RANK", "0"))) if index is None else index
+        self.reading: GpuReading | None = None
+        self.reported: set[str] = set()
+        self.problems: list[str] = []
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def poll(self) -> None:
+        """One reading (the thread calls this; tests call it directly)."""
+        try:
+            result = self.query()
+        except Exception as exc:  # noqa: BLE001 - a monitor must never take training down
+            result = GpuQuery([], [f"GPU monitor: {type(exc).__name__}: {exc}"])
+        mine = [g for g in result.gpus if g.index == self.index] or result.gpus[:1]
+        self.reading = mine[0] if mine else None
+        for line in result.problems:
+            if line not in self.reported:
+                self.reported.add(line)
+                self.problems.append(line)
+                console.print(f"[yellow]monitor[/]: {line} (shown as unknown)")
+
+    def start(self) -> DeviceMonitor:
+        self.poll()  # the first reading before the first step, and no thread at all without any GPU tool
+        if self.reading is not None:
+            self._thread = threading.Thread(target=self._run, name="gemmaforge-monitor", daemon=True)
+            self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            self.poll()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=self.interval_s + 10)
+
+    def fields(self) -> dict[str, Any]:
+        """The latest GPU reading (None where unknown) and torch's memory counters, for one metrics row."""
+        row: dict[str, Any] = torch_memory()
+        if self.reading is not None:
+            row["gpu_name"] = self.reading.name
+            row.update({f"gpu_{name}": getattr(self.reading, name) for name in GPU_FIELDS})
+        return row
+
+
+def torch_memory() -> dict[str, int]:
+    """torch's allocator counters on a GPU; the process's resident memory on the CPU."""
+    import torch
+
+    if torch.cuda.is_available():
+        return {"torch_allocated_bytes": int(torch.cuda.memory_allocated()),
+                "torch_reserved_bytes": int(torch.cuda.memory_reserved())}
+    from gemmaforge.system.memory_plan import resident_bytes
+
+    return {"rss_bytes": resident_bytes()}
+
+
+def status_line(row: dict[str, Any]) -> str:
+    """'gpu Radeon RX 7900 XTX 97% 18.20/23.98 GiB 61°C 302 W', '?' for unknown fields; '' without a GPU."""
+    if "gpu_utilization_pct" not in row:
+        rss = row.get("rss_bytes")
+        return f"rss {rss / 2**30:.2f} GiB" if rss else ""
+
+    def shown(key: str, fmt: str) -> str:
+        value = row.get(key)
+        return "?" if value is None else fmt.format(value)
+
+    used, total = row.get("gpu_memory_used_bytes"), row.get("gpu_memory_total_bytes")
+    memory = "/".join("?" if v is None else f"{v / 2**30:.2f}" for v in (used, total)) + " GiB"
+    return " ".join((f"gpu {row.get('gpu_name') or '?'}", shown("gpu_utilization_pct", "{:.0f}%"), memory,
+                     shown("gpu_temperature_c", "{:.0f}°C"), shown("gpu_power_w", "{:.0f} W")))

@@ -1,0 +1,160 @@
+"""`gemmaforge doctor` on this CPU machine, on a described RX 7900 XTX machine (recorded rocm-smi/amd-smi outputs
+as fake executables, a KFD topology in a temporary sysfs), and its ROCm rules on synthetic facts."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from gemmaforge.cli import main
+from gemmaforge.system import doctor as doc
+from gemmaforge.system.gpu_tools import GpuQuery, GpuReading
+from gemmaforge.system.rocm import arch_from_target_version, has_bf16, kfd_gpus, override_arch
+from tests.fake_gpu_tools import install_fake_tools
+
+TOOLS = Path(__file__).parents[1] / "fixtures" / "gpu_tools"
+XTX_BYTES = 25753026560
+
+
+def run_doctor_json(capsys: pytest.CaptureFixture[str]) -> tuple[int, dict]:
+    code = main(["doctor", "--json"])
+    return code, json.loads(capsys.readouterr().out)
+
+
+def by_id(result: dict) -> dict[str, dict]:
+    return {c["id"]: c for c in result["checks"]}
+
+
+def test_doctor_passes_on_this_machine_and_says_why_bf16_is_or_is_not_used(capsys, monkeypatch, tmp_path) -> None:
+    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")  # no GPU tool here; keep the real PATH after
+    monkeypatch.delenv("HSA_OVERRIDE_GFX_VERSION", raising=False)
+    code, result = run_doctor_json(capsys)
+    assert code == 0 and result["status"] in ("pass", "warn")
+    assert result["schema"] == doc.SCHEMA
+    assert [c["id"] for c in result["checks"]] == list(doc.CHECK_IDS)
+    assert all(c["status"] in ("pass", "warn", "skip") for c in result["checks"])
+    assert all(c["fix"] for c in result["checks"] if c["status"] in ("warn", "fail"))
+    checks = by_id(result)
+    flags = [f for f in ("avx512_bf16", "amx_bf16") if f in Path("/proc/cpuinfo").read_text().split()]
+    reason = checks["bf16"]["detail"]
+    if flags:
+        assert result["precision"]["bf16"] is True and flags[0] in reason and "trains in bf16" in reason
+    else:
+        assert result["precision"]["bf16"] is False and "neither avx512_bf16 nor amx_bf16" in reason
+    assert "CPU build" in checks["torch"]["detail"]
+    assert checks["sdpa"]["status"] in ("pass", "warn") and "CPU" in checks["sdpa"]["detail"]
+    assert checks["driver_access"]["status"] == "skip"
+
+
+def amd_machine(tmp_path: Path, *, kfd: bool = True, gfx: int = 110000) -> doc.Host:
+    """A temporary sysfs with one CPU node and one AMD GPU node, and a /dev with (or without) kfd."""
+    sysfs, dev = tmp_path / "sys", tmp_path / "dev"
+    nodes = sysfs / "class/kfd/kfd/topology/nodes"
+    for node, (version, vendor) in enumerate([(0, 0), (gfx, 4098)]):
+        (nodes / str(node)).mkdir(parents=True)
+        (nodes / str(node) / "properties").write_text(
+            f"cpu_cores_count {16 if node == 0 else 0}\ngfx_target_version {version}\nvendor_id {vendor}\n")
+    (sysfs / "module" / "amdgpu").mkdir(parents=True)
+    (dev / "dri").mkdir(parents=True)
+    if kfd:
+        (dev / "kfd").write_text("")
+        (dev / "dri" / "renderD128").write_text("")
+    return doc.Host(sysfs=sysfs, dev=dev, env={}, home=tmp_path, runs=tmp_path)
+
+
+def test_doctor_reports_the_rx_7900_xtx_the_rocm_tools_describe(tmp_path, monkeypatch, capsys) -> None:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    install_fake_tools(bin_dir, amd_smi_metric=TOOLS / "amd_smi_metric_rx7900xtx_list.json",
+                       amd_smi_static=TOOLS / "amd_smi_static_rx7900xtx_list.json",
+                       rocm_smi=TOOLS / "rocm_smi_rx7900xtx.json")
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    host = amd_machine(tmp_path, kfd=False)
+    facts = doc.gather(host)
+    result = doc.report(facts, doc.run_checks(facts))
+    (gpu,) = result["gpus"]
+    assert "7900 XTX" in gpu["name"] and gpu["arch"] == "gfx1100" and gpu["memory_total_bytes"] == XTX_BYTES
+    assert gpu["utilization_pct"] is not None and gpu["power_w"] is not None and gpu["temperature_c"] is not None
+    checks = by_id(result)
+    assert checks["gpu_tools"]["status"] == "pass" and "7900 XTX" in checks["gpu_tools"]["detail"]
+    assert f"{gpu['power_w']:.0f} W" in checks["gpu_tools"]["detail"] and "24.0 GiB" in checks["gpu_tools"]["detail"]
+    # this machine's torch is a CPU build: with an AMD GPU present that is the walkthroughs' first mistake
+    assert checks["torch"]["status"] == "fail" and "download.pytorch.org/whl/rocm" in checks["torch"]["fix"]
+    assert checks["driver_access"]["status"] == "fail" and "/dev/kfd" in checks["driver_access"]["detail"]
+    assert result["status"] == "fail"
+    text = doc.render(result)
+    assert "FAIL" in text and "Radeon RX 7900 XTX" in text and "fix: pip uninstall -y torch" in text
+
+
+def test_doctor_command_exits_1_when_a_check_fails_and_survives_garbage_tool_output(tmp_path, monkeypatch,
+                                                                                     capsys) -> None:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    install_fake_tools(bin_dir, rocm_smi=TOOLS / "malformed_truncated.json")
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    monkeypatch.setenv("HSA_OVERRIDE_GFX_VERSION", "eleven")
+    code = main(["doctor"])
+    out = capsys.readouterr().out
+    assert code == 1  # the malformed override fails; the unreadable rocm-smi output is only a finding
+    assert "not MAJOR.MINOR.STEPPING" in out and "rocm-smi" in out and "Traceback" not in out
+
+
+def test_driver_access_passes_with_the_devices_open(tmp_path) -> None:
+    facts = doc.Facts(amd_machine(tmp_path), doc.TorchFacts("2.6.0", "6.4", None), GpuQuery([], []),
+                      kfd_gpus(tmp_path / "sys"), (True, "x"), None)
+    check = doc.check_driver_access(facts)
+    assert check.status in ("pass", "warn") and "render node" in check.detail  # warn: not in the groups by name
+
+
+def rocm_facts(tmp_path: Path, gfx: int, arch_list: list[str], env: dict[str, str]) -> doc.Facts:
+    host = amd_machine(tmp_path, gfx=gfx)
+    host.env = env
+    spoofed = override_arch(env["HSA_OVERRIDE_GFX_VERSION"]) if "HSA_OVERRIDE_GFX_VERSION" in env else None
+    arch = spoofed or arch_from_target_version(gfx)
+    torch_facts = doc.TorchFacts("2.6.0+rocm6.4", "6.4.0", None, [{"name": "GPU", "arch": arch, "memory_bytes": 1}],
+                                 arch_list)
+    return doc.Facts(host, torch_facts, GpuQuery([GpuReading(0, "rocm-smi", "GPU", arch)], []),
+                     kfd_gpus(host.sysfs), (has_bf16(arch_from_target_version(gfx)), "x"), ("flash_attention", ""))
+
+
+@pytest.mark.parametrize(("gfx", "arch_list", "override", "status", "says"), [
+    (110000, ["gfx1030", "gfx1100"], "11.0.0", "warn", "supported natively"),  # the walkthrough's 7900 XTX setting
+    (110000, ["gfx1030", "gfx1100"], None, "pass", "not needed"),
+    (100301, ["gfx1030", "gfx1100"], None, "fail", "HSA_OVERRIDE_GFX_VERSION=10.3.0"),  # RX 6700 XT
+    (100301, ["gfx1030", "gfx1100"], "10.3.0", "pass", "gfx1030's kernels"),
+    (100301, ["gfx1030", "gfx1100"], "11.0.0", "fail", "does not match"),
+    (110000, ["gfx1100"], "1100", "fail", "not MAJOR.MINOR.STEPPING"),
+])
+def test_hsa_override_advice(tmp_path, gfx, arch_list, override, status, says) -> None:
+    env = {"HSA_OVERRIDE_GFX_VERSION": override} if override else {}
+    check = doc.check_hsa_override(rocm_facts(tmp_path, gfx, arch_list, env))
+    assert check.status == status and says in check.detail + (check.fix or "")
+
+
+def test_arch_support_uses_the_drivers_arch_not_the_spoofed_one(tmp_path) -> None:
+    facts = rocm_facts(tmp_path, 100301, ["gfx1030", "gfx1100"], {})
+    check = doc.check_arch_support(facts)
+    assert check.status == "fail" and "gfx1031" in check.detail and check.fix.endswith("=10.3.0")
+    assert facts.real_archs == ["gfx1031"]
+
+
+def test_bf16_is_decided_by_the_real_arch_and_conflicting_packages_fail(tmp_path, monkeypatch) -> None:
+    assert has_bf16("gfx1100") and has_bf16("gfx90a") and has_bf16("gfx942") and not has_bf16("gfx1030")
+    assert [arch_from_target_version(v) for v in (110000, 90010, 100300, 120001)] == \
+        ["gfx1100", "gfx90a", "gfx1030", "gfx1201"]
+    facts = rocm_facts(tmp_path, 100300, ["gfx1030"], {})
+    monkeypatch.setattr(doc, "_dist_version", lambda name: "26.0.0" if name == "amdsmi" else None)
+    check = doc.check_conflicts(facts)
+    assert check.status == "fail" and "pip uninstall -y amdsmi" in check.fix
+
+
+def test_kfd_topology_that_is_unreadable_or_odd_is_skipped(tmp_path) -> None:
+    nodes = tmp_path / "class/kfd/kfd/topology/nodes"
+    (nodes / "0").mkdir(parents=True)
+    (nodes / "0" / "properties").write_text("garbage\ngfx_target_version x\n")
+    (nodes / "notanode").mkdir()
+    (nodes / "1").mkdir()  # no properties file
+    assert kfd_gpus(tmp_path) == []

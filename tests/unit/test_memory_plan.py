@@ -1,0 +1,166 @@
+"""The memory planner: its activation probe against a trace of whole tiny models, its parameter counts against
+the real PEFT model, sizes, the `plan` verb, and `train` refusing a config that cannot fit."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from gemmaforge.cli import main
+from gemmaforge.config import RunConfig, validate_config
+from gemmaforge.errors import UserError
+from gemmaforge.families import FAMILIES
+from gemmaforge.models import resolve_model
+from gemmaforge.system import activations
+from gemmaforge.system.memory_plan import Device, Planner, count_model, parse_memory, resident_bytes
+from gemmaforge.train.trainer import check_memory, lora_targets, wrap_for_training
+from tests.helpers import write_config
+
+QUICKSTART = Path(__file__).parents[2] / "examples" / "quickstart.yaml"
+
+
+def run_config(**sections: dict) -> RunConfig:
+    return validate_config({"output_dir": "run", "data": {"path": "data.json"}, **sections}, "test")
+
+
+def tiny_config(family: str):
+    """Tiny configs with each family's layer kinds; Gemma 2 runs eager attention (its soft-capping), whose
+    attention probabilities grow with the square of the row length."""
+    from transformers import Gemma2Config, Gemma3TextConfig, Gemma4TextConfig
+
+    sizes = {"vocab_size": 1024, "hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 4,
+             "num_key_value_heads": 1, "head_dim": 16, "max_position_embeddings": 1024}
+    if family == "gemma2":
+        return Gemma2Config(**sizes, num_hidden_layers=4, query_pre_attn_scalar=16, sliding_window=64)
+    if family == "gemma3":
+        return Gemma3TextConfig(**sizes, num_hidden_layers=6, query_pre_attn_scalar=16, sliding_window=64)
+    return Gemma4TextConfig(**sizes, num_hidden_layers=6, sliding_window=32, vocab_size_per_layer_input=1024,
+                            hidden_size_per_layer_input=16, layer_types=["sliding_attention", "full_attention"] * 3)
+
+
+def traced_bytes(model_config, family, config: RunConfig, tokens: int, checkpointing: bool) -> float:
+    """What autograd keeps in one training forward of the whole model (every layer, the real vocabulary)."""
+    model = activations._probe_model(model_config, family, config, torch.float32, checkpointing)
+    return sum(activations._saved_bytes(model, tokens).values())
+
+
+@pytest.mark.parametrize("family", ["gemma2", "gemma3", "gemma4"])
+@pytest.mark.parametrize("checkpointing", [False, True])
+def test_the_probe_predicts_what_the_whole_model_keeps(family: str, checkpointing: bool) -> None:
+    """The probe runs one layer per kind at 64 and 128 tokens; the whole model is traced at 200 tokens."""
+    model_config = tiny_config(family)
+    config = run_config(lora={"target_modules": "all-linear"})
+    profile = activations.profile_activations(model_config, FAMILIES[family], config, torch.float32)
+    assert set(profile.counts) == set(activations.layer_kinds(model_config))
+    if family == "gemma2" and not checkpointing:
+        assert all(cost.square > 0 for cost in profile.within.layers.values())  # eager attention's T x T probabilities
+    predicted = profile.total(200, 200, checkpointing)
+    assert predicted == pytest.approx(traced_bytes(model_config, FAMILIES[family], config, 200, checkpointing),
+                                      rel=0.03)
+
+
+def test_checkpointing_keeps_a_small_share() -> None:
+    profile = activations.profile_activations(tiny_config("gemma3"), FAMILIES["gemma3"], run_config(), torch.float32)
+    assert profile.total(512, 512, True) < 0.25 * profile.total(512, 512, False)
+
+
+@pytest.mark.parametrize("lora", [{}, {"r": 16, "target_modules": "all-linear", "train_template_tokens": False}])
+def test_counts_match_the_real_peft_model(tiny_gemma3_dir: Path, tmp_path: Path, lora: dict) -> None:
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    base = resolve_model(str(tiny_gemma3_dir), tmp_path)
+    config = run_config(lora=lora)
+    counts = count_model(AutoConfig.from_pretrained(tiny_gemma3_dir), base, config, torch.float32)
+    template_ids = [105, 106] if config.lora.train_template_tokens else None
+    model = wrap_for_training(AutoModelForCausalLM.from_pretrained(tiny_gemma3_dir), config, base.family,
+                              lora_targets(config, base), template_ids)
+    params = list(model.named_parameters())
+    assert counts.trainable_params == sum(p.numel() for _, p in params if p.requires_grad)
+    assert counts.frozen_bytes == sum(p.numel() * 4 for _, p in params if not p.requires_grad)
+    assert counts.vocab_size == 262144 and counts.layers == 2
+    assert counts.checkpoint_bytes == (tiny_gemma3_dir / "model.safetensors").stat().st_size
+
+
+@pytest.mark.parametrize(("text", "expected"), [("24GiB", 24 * 2**30), ("24G", 24 * 2**30), ("24 GB", 24 * 2**30),
+                                                ("16000MiB", 16000 * 2**20), ("0.5T", 2**39), ("1024", 1024)])
+def test_parse_memory(text: str, expected: int) -> None:
+    assert parse_memory(text) == expected
+
+
+@pytest.mark.parametrize("text", ["abc", "24 GiBs", "-1G", "0", "", "1e9"])
+def test_parse_memory_rejects(text: str) -> None:
+    with pytest.raises(UserError, match=r"--gpu-memory .*expected a size such as 24GiB"):
+        parse_memory(text)
+
+
+@pytest.fixture(scope="module")
+def embedded_planner(embedded_model) -> Planner:
+    """The embedded Gemma 3 270M planned for a 4 GiB GPU at batch 8 x 1024 (which cannot fit there)."""
+    config = run_config(train={"per_device_train_batch_size": 8, "cutoff_len": 1024})
+    return Planner(config, embedded_model, "bf16", Device("gpu", "a GPU", 4 * 2**30, 512 * 2**20))
+
+
+def test_the_advice_is_priced_by_the_planner(embedded_planner: Planner) -> None:
+    plan = embedded_planner.plan()
+    assert not plan.fits and plan.peak_bytes == sum(plan.parts.values())
+    batch, cutoff = plan.largest_batch, plan.largest_cutoff
+    assert 1 <= batch < 8 and 8 <= cutoff < 1024
+    assert embedded_planner.fits(batch, 1024, False) and not embedded_planner.fits(batch + 1, 1024, False)
+    assert cutoff % 8 == 0 and embedded_planner.fits(8, cutoff, False) and not embedded_planner.fits(8, cutoff + 8, False)
+    assert any(f"per_device_train_batch_size={batch} " in hint for hint in plan.advice)
+    assert any(f"cutoff_len={cutoff}" in hint for hint in plan.advice)
+    checkpointed = embedded_planner.parts(8, 1024, True)
+    assert any("gradient_checkpointing=true" in hint for hint in plan.advice) == embedded_planner.fits(8, 1024, True)
+    assert checkpointed["activations"] < plan.parts["activations"] / 4
+    assert any("load_in_4bit=true" in hint for hint in plan.advice)
+
+
+def test_four_bit_weights_are_priced_as_nf4(embedded_model) -> None:
+    device = Device("gpu", "a GPU", 24 * 2**30, 512 * 2**20)
+    full = Planner(run_config(), embedded_model, "bf16", device).counts
+    nf4 = Planner(run_config(model={"load_in_4bit": True}), embedded_model, "bf16", device).counts
+    assert nf4.trainable_params == full.trainable_params
+    assert 0.4 * full.frozen_bytes < nf4.frozen_bytes < 0.8 * full.frozen_bytes  # the 168M-entry embedding stays bf16
+
+
+def test_plan_verb(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["plan", str(QUICKSTART), "--gpu-memory", "24GiB", "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["fits"] and result["device"]["capacity_bytes"] == 24 * 2**30
+    assert result["peak_bytes"] == sum(result["parts"].values()) and result["advice"] == []
+    assert result["batch_size"] == 4 and result["largest_batch"] > 4
+
+    assert main(["plan", str(QUICKSTART), "--gpu-memory", "1GiB", "train.cutoff_len=2048"]) == 1
+    out = capsys.readouterr().out
+    assert "does NOT fit" in out and "try: " in out and "cutoff_len 2048" in out
+
+    assert main(["plan", str(QUICKSTART), "--gpu-memory", "abc"]) == 2
+    assert "--gpu-memory 'abc': expected a size" in capsys.readouterr().err
+    assert main(["plan", "missing.yaml"]) == 2
+    assert "missing.yaml" in capsys.readouterr().err
+
+
+def tiny_cpu(spare: int) -> Device:
+    """This CPU with only `spare` bytes beyond what this (test) process holds."""
+    return Device("cpu", "this CPU", resident_bytes() + spare, resident_bytes())
+
+
+def test_train_refuses_a_config_that_cannot_fit(tmp_path: Path, tiny_gemma3_dir: Path, monkeypatch,
+                                               capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setattr("gemmaforge.train.trainer.this_device", lambda: tiny_cpu(500 * 2**20))
+    config = write_config(tmp_path, tiny_gemma3_dir, per_device_train_batch_size=64, cutoff_len=1024)
+    assert main(["train", str(config)]) == 2
+    err = capsys.readouterr().err
+    assert "this config cannot fit" in err and "try: train.per_device_train_batch_size=" in err
+    assert "train.check_memory=false" in err
+    assert not (tmp_path / "run" / "checkpoints").exists() and not (tmp_path / "run" / "adapter").exists()
+
+
+def test_check_memory_false_plans_and_goes_on(tiny_gemma3_dir: Path, tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setattr("gemmaforge.train.trainer.this_device", lambda: tiny_cpu(500 * 2**20))
+    config = run_config(train={"per_device_train_batch_size": 64, "cutoff_len": 1024, "check_memory": False})
+    plan = check_memory(config, resolve_model(str(tiny_gemma3_dir), tmp_path), "fp32")
+    assert not plan.fits and plan.advice
