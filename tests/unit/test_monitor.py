@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import time
 from pathlib import Path
 
@@ -129,7 +130,10 @@ def test_out_of_memory_stops_with_the_planners_advice(tmp_path: Path, tiny_gemma
     assert main(["train", str(config)]) == 1
     out = " ".join(capsys.readouterr().err.split())
     assert "out of memory on this CPU (HIP out of memory. Tried to allocate 2.00 GiB." in out
-    assert "train.per_device_train_batch_size=3 train.gradient_accumulation_steps=4" in out
+    # The default batch is 4 with no accumulation; the advice shrinks it and keeps the effective batch.
+    smaller = re.search(r"train.per_device_train_batch_size=(\d+) train.gradient_accumulation_steps=(\d+) "
+                        r"\(the same effective batch\)", out)
+    assert smaller and int(smaller[1]) < 4 and int(smaller[1]) * int(smaller[2]) >= 4
     assert "train.gradient_checkpointing=true" in out and "gemmaforge plan CONFIG" in out
     assert not (tmp_path / "run" / "adapter").exists()
 
