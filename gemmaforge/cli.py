@@ -21,7 +21,7 @@ from gemmaforge.config import (
     load_config,
     validate_config,
 )
-from gemmaforge.console import console
+from gemmaforge.console import console, escape
 from gemmaforge.distributed import init_if_launched
 from gemmaforge.errors import StageError, UserError
 from gemmaforge.export.gguf_shards import Split, parse_size
@@ -357,10 +357,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         code = dispatch(parse_args(build_parser(), argv))
     except UserError as exc:
-        console.print(f"[red]gemmaforge: error:[/] {exc}")
+        console.print(f"[red]gemmaforge: error:[/] {escape(str(exc))}")
         return 2
     except StageError as exc:
-        console.print(f"[red]gemmaforge: failed:[/] {exc}")
+        console.print(f"[red]gemmaforge: failed:[/] {escape(str(exc))}")
         return 1
     except KeyboardInterrupt:
         console.print("gemmaforge: interrupted")

@@ -465,12 +465,15 @@ def report(facts: Facts, checks: list[Check]) -> dict[str, Any]:
 
 
 def render(result: dict[str, Any]) -> str:
+    """Rich markup; the checks' own text is escaped (details like '[rocm-smi]' or "pip install 'x[server]'")."""
+    from gemmaforge.console import escape
+
     colour = {"pass": "green", "warn": "yellow", "fail": "red", "skip": "dim"}
     lines = [f"[bold]gemmaforge doctor[/] {result['gemmaforge']}"]
     for c in result["checks"]:
-        lines.append(f"  [{colour[c['status']]}]{c['status'].upper():4}[/]  {c['title']}: {c['detail']}")
+        lines.append(f"  [{colour[c['status']]}]{c['status'].upper():4}[/]  {escape(c['title'])}: {escape(c['detail'])}")
         if c["fix"]:
-            lines.append(f"        fix: {c['fix']}")
+            lines.append(f"        fix: {escape(c['fix'])}")
     s = result["summary"]
     lines.append(f"{s['pass']} passed, {s['warn']} warnings, {s['fail']} failed, {s['skip']} not applicable")
     return "\n".join(lines)

@@ -13,7 +13,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from gemmaforge.console import console
+from gemmaforge.console import console, escape
 from gemmaforge.system.gpu_tools import GpuQuery, GpuReading, query_gpus
 
 GPU_FIELDS = ("utilization_pct", "memory_used_bytes", "memory_total_bytes", "temperature_c", "power_w")
@@ -55,7 +55,7 @@ class DeviceMonitor:
             if line not in self.reported:
                 self.reported.add(line)
                 self.problems.append(line)
-                console.print(f"[yellow]monitor[/]: {line} (shown as unknown)")
+                console.print(f"[yellow]monitor[/]: {escape(line)} (shown as unknown)")
 
     def start(self) -> DeviceMonitor:
         self.poll()  # the first reading before the first step, and no thread at all without any GPU tool

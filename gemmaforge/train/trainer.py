@@ -7,7 +7,7 @@ import time
 from typing import Any
 
 from gemmaforge.config import RunConfig
-from gemmaforge.console import console
+from gemmaforge.console import console, escape
 from gemmaforge.data.prepare import read_prepared
 from gemmaforge.distributed import gather, is_main_process
 from gemmaforge.errors import StageError, UserError
@@ -222,7 +222,7 @@ def train(run: RunDir, config: RunConfig, base: ResolvedModel) -> dict[str, Any]
     runtime = time.perf_counter() - start
     findings = slow_step_findings(clock, trainer.padding_share, config, attention_finding(head_dim(base), model.dtype))
     for line in findings:
-        console.print(f"[yellow]train: slow steps[/]: {line}")
+        console.print(f"[yellow]train: slow steps[/]: {escape(line)}")
     evals = [log for log in trainer.state.log_history if "eval_loss" in log]
     if val_rows and (not evals or evals[-1]["step"] != result.global_step or config.train.load_best_model_at_end):
         evals.append(trainer.evaluate())  # of the restored best model when load_best_model_at_end
@@ -269,7 +269,7 @@ def check_memory(config: RunConfig, base: ResolvedModel, precision: str) -> Plan
         raise UserError(f"this config cannot fit: {plan_summary(plan)}\n(train.check_memory=false trains anyway)")
     if not plan.fits:
         console.print(f"[yellow]train[/]: the memory plan says this does not fit; training anyway "
-                      f"(train.check_memory=false)\n{plan_summary(plan)}")
+                      f"(train.check_memory=false)\n{escape(plan_summary(plan))}")
     return plan
 
 

@@ -122,14 +122,14 @@ def test_out_of_memory_stops_with_the_planners_advice(tmp_path: Path, tiny_gemma
                                                       monkeypatch: pytest.MonkeyPatch,
                                                       capsys: pytest.CaptureFixture[str]) -> None:
     def out_of_memory(*args: object, **kwargs: object) -> None:
-        raise torch.OutOfMemoryError("HIP out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity "
-                                     "of 23.98 GiB of which 1.06 GiB is free.")
+        raise RuntimeError("[enforce fail at alloc_cpu.cpp:117] . DefaultCPUAllocator: can't allocate memory: you "
+                           "tried to allocate 2147483648 bytes. Error code 12 (Cannot allocate memory)")
 
     monkeypatch.setattr("gemmaforge.train.trainer.SupervisedLossTrainer.training_step", out_of_memory)
     config = write_config(tmp_path, tiny_gemma3_dir, max_steps=2, save_steps=100, eval_strategy="no")
     assert main(["train", str(config)]) == 1
     out = " ".join(capsys.readouterr().err.split())
-    assert "out of memory on this CPU (HIP out of memory. Tried to allocate 2.00 GiB." in out
+    assert "out of memory on this CPU ([enforce fail at alloc_cpu.cpp:117] . DefaultCPUAllocator:" in out
     # The default batch is 4 with no accumulation; the advice shrinks it and keeps the effective batch.
     smaller = re.search(r"train.per_device_train_batch_size=(\d+) train.gradient_accumulation_steps=(\d+) "
                         r"\(the same effective batch\)", out)
