@@ -31,7 +31,15 @@ from typing import Any
 
 from gemmaforge import __version__
 from gemmaforge.system.gpu_tools import GpuQuery, query_gpus
-from gemmaforge.system.rocm import AMD_VENDOR_ID, OVERRIDE_FOR, KfdNode, has_bf16, kfd_gpus, override_arch
+from gemmaforge.system.rocm import (
+    AMD_VENDOR_ID,
+    OVERRIDE_FOR,
+    KfdNode,
+    has_bf16,
+    kfd_gpus,
+    override_arch,
+    visible_order,
+)
 
 SCHEMA = "gemmaforge-doctor/1"
 CHECK_IDS = ("platform", "torch", "devices", "gpu_tools", "driver_access", "arch_support", "hsa_override", "bf16",
@@ -96,7 +104,8 @@ class Facts:
     @property
     def real_archs(self) -> list[str]:
         """The driver's archs, else what the tools or torch say (which an HSA override may have changed)."""
-        archs = [n.arch for n in self.kfd if n.vendor_id == AMD_VENDOR_ID]
+        gpus = [n for n in self.kfd if n.vendor_id == AMD_VENDOR_ID]
+        archs = [gpus[i].arch for i in visible_order(len(gpus), self.host.env)]  # those ROCm will use
         return archs or [g.arch for g in self.tools.gpus if g.arch] or [d["arch"] for d in self.torch.devices
                                                                          if d.get("arch", "").startswith("gfx")]
 
@@ -162,7 +171,7 @@ def check_torch(f: Facts) -> Check:
         return Check("torch", "PyTorch build", "fail", f"torch cannot be imported ({t.error})",
                      f"pip install torch --index-url {rocm_index_url(f.host)}  (ROCm; CUDA and CPU builds: pytorch.org)")
     detail = f"torch {t.version}, {t.build} build"
-    if f.amd_present and not t.hip:
+    if f.amd_present and not t.hip and not (t.cuda and t.devices):  # an APU's GPU beside a working CUDA card
         return Check("torch", "PyTorch build", "fail", f"{detail}, but this machine has an AMD GPU: it cannot use it",
                      f"pip uninstall -y torch && pip install torch --index-url {rocm_index_url(f.host)}")
     nvidia = any(g.source == "nvidia-smi" for g in f.tools.gpus)
@@ -268,12 +277,22 @@ def check_arch_support(f: Facts) -> Check:
     missing = [a for a in archs if a not in f.torch.arch_list and not spoofed]
     if missing:
         fixes = {OVERRIDE_FOR[a] for a in missing if a in OVERRIDE_FOR}
-        fix = (f"export HSA_OVERRIDE_GFX_VERSION={fixes.pop()}" if len(fixes) == 1 else
-               f"install a torch build whose arch list has {', '.join(missing)} (pytorch.org, ROCm wheels)")
+        if len(fixes) == 1 and len(missing) == len(archs):
+            fix = f"export HSA_OVERRIDE_GFX_VERSION={fixes.pop()}"
+        elif len(missing) < len(archs):  # an override applies to every GPU: it would break the supported ones
+            fix = hide_gpus(archs, f.torch.arch_list)
+        else:
+            fix = f"install a torch build whose arch list has {', '.join(missing)} (pytorch.org, ROCm wheels)"
         return Check("arch_support", title, "fail",
                      f"{', '.join(missing)} not in this build's kernels ({', '.join(f.torch.arch_list)}): "
                      "'HIP error: invalid device function'", fix)
     return Check("arch_support", title, "pass", f"{', '.join(archs)} has kernels in this build")
+
+
+def hide_gpus(archs: list[str], arch_list: list[str]) -> str:
+    """The fix that keeps only the GPUs this torch build has kernels for (numbered as torch numbers them now)."""
+    keep = ",".join(str(i) for i, arch in enumerate(archs) if arch in arch_list)
+    return f"export HIP_VISIBLE_DEVICES={keep} (only the GPUs with kernels in this build)"
 
 
 def check_hsa_override(f: Facts) -> Check:
@@ -282,6 +301,11 @@ def check_hsa_override(f: Facts) -> Check:
     archs = f.real_archs if f.amd_present else []
     if override is None:
         needed = sorted({OVERRIDE_FOR[a] for a in archs if a in OVERRIDE_FOR and a not in f.torch.arch_list})
+        native = [a for a in archs if a in f.torch.arch_list]
+        if needed and f.torch.hip and native:  # e.g. an APU's gfx1036 beside an RX 7900 XTX
+            return Check("hsa_override", title, "warn",
+                         f"not set, rightly: {', '.join(native)} runs natively and the override would apply to every "
+                         "GPU; the GPUs without kernels must be hidden instead", hide_gpus(archs, f.torch.arch_list))
         if needed and f.torch.hip:
             return Check("hsa_override", title, "fail", f"needed for {', '.join(archs)} and not set",
                          f"export HSA_OVERRIDE_GFX_VERSION={needed[0]}")

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -231,9 +232,10 @@ def parse_memory(text: str, source: str = "--gpu-memory") -> int:
     """'24GiB', '24G', '24GB', '16000MiB', '0.5T' -> bytes. GPU memory is sold in binary units (a 24 GB card
     has 24 GiB), so GB and G mean GiB here."""
     match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*", text)
-    if not match or match.group(2).lower() not in _UNITS or float(match.group(1)) <= 0:
-        raise UserError(f"{source} {text!r}: expected a size such as 24GiB, 16G or 8000MiB")
-    return int(float(match.group(1)) * _UNITS[match.group(2).lower()])
+    size = int(float(match.group(1)) * _UNITS[match.group(2).lower()]) if match and match.group(2).lower() in _UNITS else 0
+    if size < 2**20:  # '24' without a unit would be 24 bytes: surely not what was meant
+        raise UserError(f"{source} {text!r}: expected a size with its unit, such as 24GiB, 16G or 8000MiB")
+    return size
 
 
 # ---------------------------------------------------------------------------- devices
@@ -244,10 +246,11 @@ def this_device(gpu_memory: int | None = None) -> Device:
     import torch
 
     if gpu_memory is not None:
-        return Device("gpu", "a GPU", gpu_memory, GPU_CONTEXT_BYTES)
+        return Device("gpu", f"a GPU with {gib(gpu_memory)}", gpu_memory, GPU_CONTEXT_BYTES)
     if torch.cuda.is_available():
-        free, _total = torch.cuda.mem_get_info()  # after the context is made: free excludes it
-        return Device("gpu", torch.cuda.get_device_name(0), int(free), 0)
+        index = int(os.environ.get("LOCAL_RANK", "0"))  # each rank of a launched run plans for its own GPU
+        free, _total = torch.cuda.mem_get_info(index)  # after the context is made: free excludes it
+        return Device("gpu", torch.cuda.get_device_name(index), int(free), 0)
     rss = resident_bytes()
     return Device("cpu", "this CPU", available_ram() + rss, rss)
 
@@ -258,8 +261,6 @@ def resident_bytes() -> int:
         pages = int(Path("/proc/self/statm").read_text().split()[1])
     except (OSError, IndexError, ValueError):
         return 0
-    import os
-
     return pages * os.sysconf("SC_PAGE_SIZE")
 
 
@@ -271,13 +272,11 @@ def available_ram() -> int:
                 return int(line.split()[1]) * 1024
     except (OSError, ValueError):
         pass
-    import os
-
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
 def plan_summary(plan: Plan) -> str:
-    lines = [(f"memory plan on {plan.device.name} ({plan.device.kind}): batch {plan.batch_size} x cutoff_len "
+    lines = [(f"memory plan for {plan.device.name}: batch {plan.batch_size} x cutoff_len "
              f"{plan.cutoff_len}, gradient checkpointing {'on' if plan.gradient_checkpointing else 'off'}")]
     for name, value in plan.parts.items():
         lines.append(f"  {name:12} {gib(value):>12}")

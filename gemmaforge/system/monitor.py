@@ -14,28 +14,39 @@ from collections.abc import Callable
 from typing import Any
 
 from gemmaforge.console import console, escape
-from gemmaforge.system.gpu_tools import GpuQuery, GpuReading, query_gpus
+from gemmaforge.system.gpu_tools import TOOLS, GpuQuery, GpuReading, query_gpus
+from gemmaforge.system.rocm import visible_order
 
 GPU_FIELDS = ("utilization_pct", "memory_used_bytes", "memory_total_bytes", "temperature_c", "power_w")
 INTERVAL_S = 5.0
+MAX_GPUS = 64  # visible_order needs a count; indices past the real one simply never match a reading
 MONITOR_KEYS = ("gpu_name", *(f"gpu_{name}" for name in GPU_FIELDS), "torch_allocated_bytes", "torch_reserved_bytes",
                 "rss_bytes")
 
 
-def visible_index(local_rank: int) -> int:
-    """The index the tools give the GPU this process uses: the rank's entry of *_VISIBLE_DEVICES when set."""
-    for name in ("HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES"):
-        entries = [e.strip() for e in os.environ.get(name, "").split(",") if e.strip()]
-        if local_rank < len(entries) and entries[local_rank].isdigit():
-            return int(entries[local_rank])
-    return local_rank
+def visible_index(local_rank: int) -> int | None:
+    """The index the tools give the GPU this process uses: the rank's entry of *_VISIBLE_DEVICES when set (ROCm
+    applies ROCR_VISIBLE_DEVICES, then HIP_/CUDA_VISIBLE_DEVICES); None when they name GPUs by UUID."""
+    names = ("ROCR_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES")
+    if any(not entry.strip().isdigit() for name in names for entry in os.environ.get(name, "").split(",") if entry):
+        return None
+    order = visible_order(MAX_GPUS)
+    return order[local_rank] if local_rank < len(order) else local_rank
+
+
+def tools_for_this_torch() -> tuple[str, ...]:
+    """The tools that describe the GPUs this torch build trains on: an AMD APU's GPU beside an NVIDIA card (or
+    the reverse) must not stand in for it. A CPU build reads whichever tool answers."""
+    import torch
+
+    return ("amd-smi", "rocm-smi") if torch.version.hip else ("nvidia-smi",) if torch.version.cuda else TOOLS
 
 
 class DeviceMonitor:
-    def __init__(self, interval_s: float = INTERVAL_S, query: Callable[[], GpuQuery] = query_gpus,
+    def __init__(self, interval_s: float = INTERVAL_S, query: Callable[[], GpuQuery] | None = None,
                  index: int | None = None):
         self.interval_s = interval_s
-        self.query = query
+        self.query = query or (lambda: query_gpus(tools_for_this_torch()))
         self.index = visible_index(int(os.environ.get("LOCAL_RANK", "0"))) if index is None else index
         self.reading: GpuReading | None = None
         self.reported: set[str] = set()
@@ -49,8 +60,12 @@ class DeviceMonitor:
             result = self.query()
         except Exception as exc:  # noqa: BLE001 - a monitor must never take training down
             result = GpuQuery([], [f"GPU monitor: {type(exc).__name__}: {exc}"])
-        mine = [g for g in result.gpus if g.index == self.index] or result.gpus[:1]
+        mine = [g for g in result.gpus if g.index == self.index]
         self.reading = mine[0] if mine else None
+        if result.gpus and not mine:  # another GPU's numbers would be logged as this run's
+            wanted = "named by UUID in *_VISIBLE_DEVICES" if self.index is None else f"index {self.index}"
+            listed = ", ".join(str(g.index) for g in result.gpus)
+            result.problems.append(f"GPU monitor: the tools report GPU(s) {listed}, not this process's GPU ({wanted})")
         for line in result.problems:
             if line not in self.reported:
                 self.reported.add(line)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -66,11 +67,27 @@ def has_bf16(arch: str) -> bool:
     return arch.startswith(BF16_ARCH_PREFIXES)
 
 
+def visible_order(count: int, env: Mapping[str, str] | None = None) -> list[int]:
+    """Which of `count` AMD GPUs (in the driver's order) the ROCm runtime shows, in the order it numbers them:
+    ROCR_VISIBLE_DEVICES selects first, then HIP_VISIBLE_DEVICES (else CUDA_VISIBLE_DEVICES, which HIP also
+    honours) selects among those. An empty value hides every GPU, as it does for the runtime."""
+    env = os.environ if env is None else env
+    order = list(range(count))
+    for names in (("ROCR_VISIBLE_DEVICES",), ("HIP_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES")):
+        value = next((env[name] for name in names if env.get(name) is not None), None)
+        if value is not None:
+            picks = [int(entry) for entry in value.split(",") if entry.strip().isdigit()]
+            order = [order[i] for i in picks if i < len(order)]
+    return order
+
+
+def visible_amd_gpus(sysfs: Path = Path("/sys"), env: Mapping[str, str] | None = None) -> list[KfdNode]:
+    """The AMD GPU nodes this process's ROCm runtime uses, as torch numbers them."""
+    gpus = [n for n in kfd_gpus(sysfs) if n.vendor_id == AMD_VENDOR_ID]
+    return [gpus[i] for i in visible_order(len(gpus), env)]
+
+
 def real_arch(device_index: int = 0, sysfs: Path = Path("/sys")) -> str | None:
     """The real arch of the index-th visible AMD GPU, from the driver; None without the KFD topology."""
-    gpus = [n for n in kfd_gpus(sysfs) if n.vendor_id == AMD_VENDOR_ID]
-    visible = os.environ.get("HIP_VISIBLE_DEVICES") or os.environ.get("ROCR_VISIBLE_DEVICES")
-    if visible:
-        order = [int(i) for i in visible.split(",") if i.strip().isdigit()]
-        gpus = [gpus[i] for i in order if i < len(gpus)]
+    gpus = visible_amd_gpus(sysfs)
     return gpus[device_index].arch if device_index < len(gpus) else None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from gemmaforge.errors import UserError
@@ -28,7 +29,8 @@ def bf16_decision() -> tuple[bool, str]:
         props = torch.cuda.get_device_properties(0)
         if torch.version.hip:
             spoofed = getattr(props, "gcnArchName", "").split(":")[0]
-            arch = real_arch(0) or spoofed  # the driver's arch: an HSA override changes only gcnArchName
+            # an HSA override changes only gcnArchName: then the driver's arch says what the silicon is
+            arch = (real_arch(0) if os.environ.get("HSA_OVERRIDE_GFX_VERSION") else None) or spoofed
             if has_bf16(arch):
                 return True, f"{props.name} ({arch}) has bf16 hardware"
             return False, (f"{props.name} ({arch}) has no bf16 hardware (RDNA1/2); torch.cuda.is_bf16_supported() "

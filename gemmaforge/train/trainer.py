@@ -220,7 +220,7 @@ def train(run: RunDir, config: RunConfig, base: ResolvedModel) -> dict[str, Any]
     finally:
         trainer.monitor.stop()
     runtime = time.perf_counter() - start
-    findings = slow_step_findings(clock, trainer.padding_share, config, attention_finding(head_dim(base), model.dtype))
+    findings = slow_steps(clock, trainer.padding_share, config, base, family, model.dtype)
     for line in findings:
         console.print(f"[yellow]train: slow steps[/]: {escape(line)}")
     evals = [log for log in trainer.state.log_history if "eval_loss" in log]
@@ -251,7 +251,7 @@ def train(run: RunDir, config: RunConfig, base: ResolvedModel) -> dict[str, Any]
         "samples_per_second": round(examples / runtime, 3),
         "supervised_tokens_per_second": round(supervised / runtime, 1),
         "peak_memory_bytes": peak_memory_bytes(),
-        "planned_peak_bytes": plan.peak_bytes,
+        "planned_peak_bytes": plan.peak_bytes if plan else None,
         "data_wait_share": round(clock.data_wait_share, 3),
         "padding_share": round(trainer.padding_share, 3),
         "slow_step_findings": findings,
@@ -262,9 +262,26 @@ def train(run: RunDir, config: RunConfig, base: ResolvedModel) -> dict[str, Any]
     }
 
 
-def check_memory(config: RunConfig, base: ResolvedModel, precision: str) -> Plan:
-    """The memory plan for this device; a config that cannot fit is refused before the model loads."""
-    plan = Planner(config, base, precision, this_device()).plan()
+def slow_steps(clock: StepClock, padding_share: float, config: RunConfig, base: ResolvedModel, family: Family,
+               dtype: Any) -> list[str]:
+    """The slow-step findings; a diagnostic that fails is reported as such, after a training that succeeded."""
+    try:
+        attention = attention_finding(head_dim(base), dtype) if family.attn_implementation == "sdpa" else None
+        return slow_step_findings(clock, padding_share, config, attention)
+    except Exception as exc:  # noqa: BLE001 - the adapter is not saved yet: a diagnostic must not lose it
+        return [f"the slow-step diagnosis failed ({type(exc).__name__}: {exc})"]
+
+
+def check_memory(config: RunConfig, base: ResolvedModel, precision: str) -> Plan | None:
+    """The memory plan for this device; a config that cannot fit is refused before the model loads. With
+    train.check_memory=false a planner that fails only costs the plan (None)."""
+    try:
+        plan = Planner(config, base, precision, this_device()).plan()
+    except Exception as exc:  # re-raised unless the user asked to train regardless of the plan
+        if config.train.check_memory:
+            raise
+        console.print(f"[yellow]train[/]: no memory plan ({escape(f'{type(exc).__name__}: {exc}')}); training anyway")
+        return None
     if not plan.fits and config.train.check_memory:
         raise UserError(f"this config cannot fit: {plan_summary(plan)}\n(train.check_memory=false trains anyway)")
     if not plan.fits:

@@ -19,35 +19,46 @@ from gemmaforge.train.loss import NonFiniteLoss
 
 DATA_WAIT_LIMIT = 0.10  # of each step spent waiting for the next batch
 PADDING_LIMIT = 0.25  # of the positions in a batch
+OUT_OF_MEMORY_SIGNS = ("can't allocate memory", "out of memory", "ALLOC_FAILED", "hipErrorOutOfMemory")
 
 
 def is_out_of_memory(exc: BaseException) -> bool:
     import torch
 
-    return isinstance(exc, torch.OutOfMemoryError) or (
-        isinstance(exc, RuntimeError) and "can't allocate memory" in str(exc)  # the CPU allocator's message
-    )
+    if isinstance(exc, (torch.OutOfMemoryError, MemoryError)):
+        return True
+    # the CPU allocator's message, and HIP/CUDA errors raised as plain RuntimeErrors by kernels and libraries
+    text = str(exc)
+    return isinstance(exc, RuntimeError) and any(sign in text for sign in OUT_OF_MEMORY_SIGNS)
 
 
-def diagnose_out_of_memory(exc: BaseException, plan: Plan, config: RunConfig) -> str:
-    """The planner's view of the failed config and a smaller one, with some margin: the plan was too tight."""
+def diagnose_out_of_memory(exc: BaseException, plan: Plan | None, config: RunConfig) -> str:
+    """The planner's view of the failed config and a smaller one, with some margin: the plan was too tight.
+    Without a plan (train.check_memory=false and the planner failed) the smaller batch is three quarters."""
+    import torch
+
     t = config.train
     hints = []
-    smaller = max(1, min(plan.largest_batch, t.per_device_train_batch_size) * 3 // 4)
-    if smaller < t.per_device_train_batch_size or t.per_device_train_batch_size == 1:
+    largest = plan.largest_batch if plan else t.per_device_train_batch_size
+    smaller = max(1, min(largest, t.per_device_train_batch_size) * 3 // 4)
+    if smaller < t.per_device_train_batch_size:
         steps = t.gradient_accumulation_steps * -(-t.per_device_train_batch_size // smaller)
         hints.append(f"train.per_device_train_batch_size={smaller} train.gradient_accumulation_steps={steps} "
                      "(the same effective batch)")
     if not t.gradient_checkpointing:
         hints.append("train.gradient_checkpointing=true")
-    hints.append(f"train.cutoff_len={max(64, t.cutoff_len // 2)} if your examples allow it")
-    if plan.device.kind == "gpu":
+    if t.cutoff_len > 64:
+        hints.append(f"train.cutoff_len={max(64, t.cutoff_len // 2)} if your examples allow it")
+    on_gpu = plan.device.kind == "gpu" if plan else torch.cuda.is_available()
+    if on_gpu:
         variable = "PYTORCH_HIP_ALLOC_CONF" if _hip() else "PYTORCH_CUDA_ALLOC_CONF"
         hints.append(f"{variable}=expandable_segments:True (less fragmentation); close other programs using the GPU "
                      "(see `rocm-smi` / `nvidia-smi`)")
         if not config.model.load_in_4bit:
             hints.append("model.load_in_4bit=true (QLoRA)")
     first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    if plan is None:
+        return f"out of memory ({first_line}). Try: " + "; ".join(hints)
     return (f"out of memory on {plan.device.name} ({first_line}). The plan for batch {plan.batch_size} x cutoff_len "
             f"{plan.cutoff_len} was {gib(plan.peak_bytes)} of {gib(plan.device.capacity_bytes)}; something else held "
             f"memory or the plan was too tight. `gemmaforge plan CONFIG` shows the parts. Try: " + "; ".join(hints))

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -12,7 +13,7 @@ import pytest
 from gemmaforge.cli import main
 from gemmaforge.system import doctor as doc
 from gemmaforge.system.gpu_tools import GpuQuery, GpuReading
-from gemmaforge.system.rocm import arch_from_target_version, has_bf16, kfd_gpus, override_arch
+from gemmaforge.system.rocm import arch_from_target_version, has_bf16, kfd_gpus, override_arch, visible_order
 from tests.fake_gpu_tools import install_fake_tools
 
 TOOLS = Path(__file__).parents[1] / "fixtures" / "gpu_tools"
@@ -49,11 +50,11 @@ def test_doctor_passes_on_this_machine_and_says_why_bf16_is_or_is_not_used(capsy
     assert checks["driver_access"]["status"] == "skip"
 
 
-def amd_machine(tmp_path: Path, *, kfd: bool = True, gfx: int = 110000) -> doc.Host:
-    """A temporary sysfs with one CPU node and one AMD GPU node, and a /dev with (or without) kfd."""
+def amd_machine(tmp_path: Path, *, kfd: bool = True, gfx: int = 110000, more: tuple[int, ...] = ()) -> doc.Host:
+    """A temporary sysfs with one CPU node and AMD GPU nodes (gfx, *more), and a /dev with (or without) kfd."""
     sysfs, dev = tmp_path / "sys", tmp_path / "dev"
     nodes = sysfs / "class/kfd/kfd/topology/nodes"
-    for node, (version, vendor) in enumerate([(0, 0), (gfx, 4098)]):
+    for node, (version, vendor) in enumerate([(0, 0), *((v, 4098) for v in (gfx, *more))]):
         (nodes / str(node)).mkdir(parents=True)
         (nodes / str(node) / "properties").write_text(
             f"cpu_cores_count {16 if node == 0 else 0}\ngfx_target_version {version}\nvendor_id {vendor}\n")
@@ -141,6 +142,36 @@ def test_arch_support_uses_the_drivers_arch_not_the_spoofed_one(tmp_path) -> Non
     check = doc.check_arch_support(facts)
     assert check.status == "fail" and "gfx1031" in check.detail and check.fix.endswith("=10.3.0")
     assert facts.real_archs == ["gfx1031"]
+
+
+def test_an_apus_gpu_beside_a_supported_card_is_hidden_not_overridden(tmp_path) -> None:
+    # an RX 7900 XTX (gfx1100) and a Ryzen 7000's built-in gfx1036: one override would break the XTX
+    host = amd_machine(tmp_path, gfx=110000, more=(100306,))
+    torch_facts = doc.TorchFacts("2.6.0+rocm6.4", "6.4.0", None, [{"name": "XTX", "arch": "gfx1100", "memory_bytes": 1}],
+                                 ["gfx1030", "gfx1100"])
+    facts = doc.Facts(host, torch_facts, GpuQuery([], []), kfd_gpus(host.sysfs), (True, "x"), None)
+    assert facts.real_archs == ["gfx1100", "gfx1036"]
+    for check in (doc.check_arch_support(facts), doc.check_hsa_override(facts)):
+        assert check.fix == "export HIP_VISIBLE_DEVICES=0 (only the GPUs with kernels in this build)"
+    host.env = {"HIP_VISIBLE_DEVICES": "0"}
+    assert facts.real_archs == ["gfx1100"]
+    assert doc.check_arch_support(facts).status == "pass" and doc.check_hsa_override(facts).status == "pass"
+
+
+def test_a_cuda_torch_beside_an_amd_apu_is_not_replaced(tmp_path) -> None:
+    host = amd_machine(tmp_path, gfx=110003)  # a Ryzen 7840HS's gfx1103 beside an RTX 4070
+    torch_facts = doc.TorchFacts("2.6.0+cu126", None, "12.6", [{"name": "RTX 4070", "arch": "sm_89", "memory_bytes": 1}])
+    facts = doc.Facts(host, torch_facts, GpuQuery([], []), kfd_gpus(host.sysfs), (True, "x"), None)
+    assert doc.check_torch(facts).status == "pass"
+    assert doc.check_torch(replace(facts, torch=doc.TorchFacts("2.6.0+cu126", None, "12.6"))).status == "fail"
+
+
+def test_rocm_numbers_gpus_through_rocr_then_hip_visible_devices() -> None:
+    assert visible_order(4, {}) == [0, 1, 2, 3]
+    assert visible_order(4, {"ROCR_VISIBLE_DEVICES": "2,3", "HIP_VISIBLE_DEVICES": "1"}) == [3]
+    assert visible_order(4, {"CUDA_VISIBLE_DEVICES": "1,0"}) == [1, 0]
+    assert visible_order(4, {"HIP_VISIBLE_DEVICES": "2", "CUDA_VISIBLE_DEVICES": "1"}) == [2]  # HIP's own wins
+    assert visible_order(4, {"HIP_VISIBLE_DEVICES": ""}) == [] and visible_order(2, {"ROCR_VISIBLE_DEVICES": "5"}) == []
 
 
 def test_bf16_is_decided_by_the_real_arch_and_conflicting_packages_fail(tmp_path, monkeypatch) -> None:

@@ -340,6 +340,14 @@ def test_query_falls_through_a_failing_amd_smi_to_rocm_smi(bin_dir: Path) -> Non
     assert read_calls(bin_dir) == [["amd-smi", *AMD_SMI_METRIC_ARGS], ["rocm-smi", *ROCM_SMI_ARGS]]
 
 
+def test_query_reads_rocm_smi_json_printed_before_a_nonzero_exit(bin_dir: Path) -> None:
+    # rocm-smi exits 2 when one sensor of --showtemp is missing (the XTX has no HBM sensors), after good JSON
+    answer = FakeRun(stdout=ROCM.read_bytes(), status=2)
+    install_fake_tools(bin_dir, rocm_smi=answer)
+    result = query_gpus()
+    assert result == GpuQuery([replace(XTX_AMD_SMI, source="rocm-smi", name="Radeon RX 7900 XTX")], [])
+
+
 def test_query_keeps_amd_smi_metrics_when_static_fails(bin_dir: Path) -> None:
     install_fake_tools(bin_dir, amd_smi_metric=AMD_METRIC, amd_smi_static=failing("static: segfault"), rocm_smi=ROCM)
     result = query_gpus()

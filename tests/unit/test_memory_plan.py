@@ -85,14 +85,14 @@ def test_counts_match_the_real_peft_model(tiny_gemma3_dir: Path, tmp_path: Path,
 
 
 @pytest.mark.parametrize(("text", "expected"), [("24GiB", 24 * 2**30), ("24G", 24 * 2**30), ("24 GB", 24 * 2**30),
-                                                ("16000MiB", 16000 * 2**20), ("0.5T", 2**39), ("1024", 1024)])
+                                                ("16000MiB", 16000 * 2**20), ("0.5T", 2**39), ("1048576", 2**20)])
 def test_parse_memory(text: str, expected: int) -> None:
     assert parse_memory(text) == expected
 
 
-@pytest.mark.parametrize("text", ["abc", "24 GiBs", "-1G", "0", "", "1e9"])
+@pytest.mark.parametrize("text", ["abc", "24 GiBs", "-1G", "0", "", "1e9", "24", "0.5"])
 def test_parse_memory_rejects(text: str) -> None:
-    with pytest.raises(UserError, match=r"--gpu-memory .*expected a size such as 24GiB"):
+    with pytest.raises(UserError, match=r"--gpu-memory .*expected a size with its unit, such as 24GiB"):
         parse_memory(text)
 
 

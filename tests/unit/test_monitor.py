@@ -99,6 +99,19 @@ def test_the_monitor_watches_the_gpu_this_process_uses(tmp_path: Path, monkeypat
     assert monitor.reading is not None and monitor.reading.index == 1 and monitor.reading.temperature_c == 38
 
 
+def test_the_monitor_never_logs_another_gpus_numbers(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tools_on_path(tmp_path, monkeypatch, rocm_smi=TOOLS / "rocm_smi_rx7900xtx.json")  # one card, index 0
+    monkeypatch.setenv("ROCR_VISIBLE_DEVICES", "2,3")
+    monkeypatch.setenv("HIP_VISIBLE_DEVICES", "1")
+    assert visible_index(0) == 3
+    monitor = DeviceMonitor()
+    monitor.poll()
+    assert monitor.reading is None and monitor.problems == [
+        "GPU monitor: the tools report GPU(s) 0, not this process's GPU (index 3)"]
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "GPU-8f6b2c1e")
+    assert visible_index(0) is None
+
+
 @pytest.mark.parametrize(("fixture", "power", "problems"), [("rocm_smi_rx7900xtx.json", 302, False),
                                                             ("malformed_rocm_smi_bad_values.json", None, True)])
 def test_training_logs_what_the_gpu_tools_say(tmp_path: Path, tiny_gemma3_dir: Path, monkeypatch: pytest.MonkeyPatch,
