@@ -56,6 +56,8 @@ def diagnose_out_of_memory(exc: BaseException, plan: Plan | None, config: RunCon
                      "(see `rocm-smi` / `nvidia-smi`)")
         if not config.model.load_in_4bit:
             hints.append("model.load_in_4bit=true (QLoRA)")
+    if not hints:
+        hints.append("more memory or a smaller model: batch 1, cutoff_len 64 and gradient checkpointing are the floor")
     first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
     if plan is None:
         return f"out of memory ({first_line}). Try: " + "; ".join(hints)

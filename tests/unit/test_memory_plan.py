@@ -164,3 +164,13 @@ def test_check_memory_false_plans_and_goes_on(tiny_gemma3_dir: Path, tmp_path: P
     config = run_config(train={"per_device_train_batch_size": 64, "cutoff_len": 1024, "check_memory": False})
     plan = check_memory(config, resolve_model(str(tiny_gemma3_dir), tmp_path), "fp32")
     assert not plan.fits and plan.advice
+
+
+def test_a_failing_planner_stops_train_unless_check_memory_is_false(monkeypatch) -> None:
+    def broken(*args: object) -> None:
+        raise ValueError("no config.json")
+
+    monkeypatch.setattr("gemmaforge.train.trainer.Planner", broken)
+    with pytest.raises(ValueError, match="no config.json"):
+        check_memory(run_config(), None, "fp32")
+    assert check_memory(run_config(train={"check_memory": False}), None, "fp32") is None

@@ -155,7 +155,20 @@ def test_cpu_allocator_failures_count_as_out_of_memory() -> None:
     assert troubleshoot.is_out_of_memory(RuntimeError("[enforce fail at alloc_cpu.cpp:117] . DefaultCPUAllocator: "
                                                       "can't allocate memory: you tried to allocate 8589934592 bytes."))
     assert troubleshoot.is_out_of_memory(torch.OutOfMemoryError("CUDA out of memory."))
+    assert troubleshoot.is_out_of_memory(MemoryError())
+    assert troubleshoot.is_out_of_memory(RuntimeError("HIP error: out of memory\nHIP kernel errors might be ..."))
+    assert troubleshoot.is_out_of_memory(RuntimeError("CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling cublasCreate"))
     assert not troubleshoot.is_out_of_memory(RuntimeError("mat1 and mat2 shapes cannot be multiplied"))
+
+
+def test_out_of_memory_advice_without_a_plan_or_anything_smaller() -> None:
+    advice = troubleshoot.diagnose_out_of_memory(MemoryError(), None, run_config(
+        train={"per_device_train_batch_size": 1, "cutoff_len": 64, "gradient_checkpointing": True}))
+    assert advice.startswith("out of memory (MemoryError). Try: ") and "batch_size=" not in advice
+    assert "cutoff_len=" not in advice and "gradient_checkpointing=" not in advice and "smaller model" in advice
+    advice = troubleshoot.diagnose_out_of_memory(MemoryError(), None, run_config(train={"per_device_train_batch_size": 8}))
+    assert "train.per_device_train_batch_size=6 train.gradient_accumulation_steps=2" in advice
+    assert "train.gradient_checkpointing=true" in advice and "train.cutoff_len=" in advice
 
 
 def test_out_of_memory_advice_on_a_gpu_names_the_allocator_setting(monkeypatch: pytest.MonkeyPatch) -> None:
