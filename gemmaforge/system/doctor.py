@@ -206,9 +206,12 @@ def check_gpu_tools(f: Facts) -> Check:
         return Check("gpu_tools", "GPU monitoring tools", "skip",
                      "no GPU tool found (amd-smi, rocm-smi, nvidia-smi)" + _problems(f.tools.problems))
     described = "; ".join(describe_gpu(g.as_dict()) for g in f.tools.gpus)
-    status = "warn" if f.tools.problems else "pass"
-    return Check("gpu_tools", "GPU monitoring tools", status, described + _problems(f.tools.problems),
-                 "a newer tool version may print these fields; the monitor shows them as unknown" if f.tools.problems
+    # 'N/A' / '[Not Supported]' is how the tools say a card has no such sensor: unknown, but nothing to fix
+    unreadable = [line for line in f.tools.problems if "N/A" not in line and "Not Supported" not in line]
+    absent = [line for line in f.tools.problems if line not in unreadable]
+    detail = described + (f" (not reported by the card: {'; '.join(absent)})" if absent else "")
+    return Check("gpu_tools", "GPU monitoring tools", "warn" if unreadable else "pass", detail + _problems(unreadable),
+                 "a newer tool version may print these fields; the monitor shows them as unknown" if unreadable
                  else None)
 
 

@@ -92,6 +92,21 @@ def test_doctor_reports_the_rx_7900_xtx_the_rocm_tools_describe(tmp_path, monkey
     assert f"Radeon RX 7900 XTX (gfx1100): 18.5/24.0 GiB used, 97% busy, 71°C, 302 W [{gpu['source']}]" in text
 
 
+@pytest.mark.parametrize(("fixture", "status"), [("nvidia_smi_na_power.csv", "pass"),
+                                                 ("malformed_rocm_smi_bad_values.json", "warn")])
+def test_a_sensor_the_card_lacks_is_not_a_warning_but_garbage_is(tmp_path, monkeypatch, fixture, status) -> None:
+    bin_dir = tmp_path / "bin"
+    tool = {"nvidia_smi": TOOLS / fixture} if fixture.startswith("nvidia") else {"rocm_smi": TOOLS / fixture}
+    install_fake_tools(bin_dir, **tool)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    facts = doc.gather(doc.Host(sysfs=tmp_path, dev=tmp_path, env={}, home=tmp_path, runs=tmp_path))
+    check = doc.check_gpu_tools(facts)
+    assert check.status == status and facts.tools.problems
+    assert (check.fix is None) == (status == "pass")
+    if status == "pass":
+        assert "not reported by the card: nvidia-smi gpu 0: 'power.draw' is '[N/A]'" in check.detail
+
+
 def test_doctor_command_exits_1_when_a_check_fails_and_survives_garbage_tool_output(tmp_path, monkeypatch,
                                                                                      capsys) -> None:
     bin_dir = tmp_path / "bin"
