@@ -303,10 +303,24 @@ def _run(label: str, argv: list[str], timeout_s: float, problems: list[str]) -> 
     return done.stdout
 
 
+# `amd-smi static` (names, archs) never changes while a process runs, and each amd-smi run costs about a second of
+# CPU: the monitor asks once per tool path
+_STATIC: dict[str, str] = {}
+
+
+def _static(path: str, timeout_s: float, problems: list[str]) -> str | None:
+    if path not in _STATIC:
+        text = _run("amd-smi static", [path, *AMD_SMI_STATIC_ARGS], timeout_s, problems)
+        if text is None:
+            return None
+        _STATIC[path] = text
+    return _STATIC[path]
+
+
 def _query(tool: str, path: str, timeout_s: float, problems: list[str]) -> GpuQuery | None:
     if tool == "amd-smi":
         metric = _run("amd-smi metric", [path, *AMD_SMI_METRIC_ARGS], timeout_s, problems)
-        static = None if metric is None else _run("amd-smi static", [path, *AMD_SMI_STATIC_ARGS], timeout_s, problems)
+        static = None if metric is None else _static(path, timeout_s, problems)
         return None if metric is None else parse_amd_smi(metric, static)
     parse, args = (parse_rocm_smi, ROCM_SMI_ARGS) if tool == "rocm-smi" else (parse_nvidia_smi, NVIDIA_SMI_ARGS)
     text = _run(tool, [path, *args], timeout_s, problems)

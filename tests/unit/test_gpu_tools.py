@@ -328,6 +328,8 @@ def test_query_prefers_amd_smi_and_runs_each_command_once(bin_dir: Path) -> None
     install_fake_tools(bin_dir, amd_smi_metric=AMD_METRIC, amd_smi_static=AMD_STATIC, rocm_smi=ROCM, nvidia_smi=NVIDIA)
     assert query_gpus() == GpuQuery([XTX_AMD_SMI], [])
     assert read_calls(bin_dir) == [["amd-smi", *AMD_SMI_METRIC_ARGS], ["amd-smi", *AMD_SMI_STATIC_ARGS]]
+    assert query_gpus() == GpuQuery([XTX_AMD_SMI], [])  # the static facts (name, arch) are asked once
+    assert read_calls(bin_dir)[2:] == [["amd-smi", *AMD_SMI_METRIC_ARGS]]
 
 
 def test_query_falls_through_a_failing_amd_smi_to_rocm_smi(bin_dir: Path) -> None:
