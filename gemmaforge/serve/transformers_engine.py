@@ -64,6 +64,7 @@ class TransformersEngine:
         # transformers 5.x renamed `past_key_values` to `cache` (the old name warns, then goes in 5.40)
         self._cache_kw = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
         self._waiting: deque[Job] = deque()
+        self._admitted: set[int] = set()  # ids of jobs taken from the queue and not yet in a batch (prefill)
         self._batches: dict[str | None, _Batch] = {}
         self._wake = threading.Condition()
         self._model_lock = threading.Lock()  # adapter loading vs. a step in flight
@@ -111,7 +112,7 @@ class TransformersEngine:
 
     def running(self) -> int:
         with self._wake:
-            return sum(len(b.rows) for b in list(self._batches.values())) + len(self._waiting)
+            return sum(len(b.rows) for b in list(self._batches.values())) + len(self._waiting) + len(self._admitted)
 
     def close(self) -> None:
         with self._wake:
@@ -147,11 +148,14 @@ class TransformersEngine:
                     return
                 room = self.max_batch - sum(len(b.rows) for b in self._batches.values())
                 admitted = [self._waiting.popleft() for _ in range(min(room, len(self._waiting)))]
+                self._admitted = {id(job) for job in admitted}
             with self._model_lock, torch.inference_mode():
                 for job in admitted:
                     try:
                         self._prefill(job)
                     except Exception as e:  # noqa: BLE001  (a fault ends this request with an error, not the engine)
+                        with self._wake:
+                            self._admitted.discard(id(job))
                         job.fail(e)
                 self._end_cancelled()
                 active = [a for a, b in self._batches.items() if b.rows]
@@ -180,6 +184,8 @@ class TransformersEngine:
         from transformers import DynamicCache
 
         if job.cancelled.is_set():
+            with self._wake:
+                self._admitted.discard(id(job))
             job.emit(Finished("cancelled", len(job.prompt_ids), 0, 0, 0))
             return
         start = time.perf_counter_ns()
@@ -195,8 +201,10 @@ class TransformersEngine:
         row = _Running(answer, new_generator(job.params.seed), list(job.prompt_ids))
         single = _Batch([row], cache, torch.ones((1, n), dtype=torch.long, **on), torch.tensor([n], **on),
                         torch.tensor([0], **on))
-        if not self._accept(row, choose_token(logits[0], job.params, row.history, row.generator)):
-            self._batches[job.adapter] = _join(self._batches.get(job.adapter), single, row.history[-1])
+        with self._wake:  # the first token is sent as the job joins its batch: running() never misses it
+            self._admitted.discard(id(job))
+            if not self._accept(row, choose_token(logits[0], job.params, row.history, row.generator)):
+                self._batches[job.adapter] = _join(self._batches.get(job.adapter), single, row.history[-1])
 
     def _step(self, adapter: str | None) -> None:
         batch = self._batches[adapter]
