@@ -37,7 +37,7 @@ def main() -> None:
     records = json.loads((ROOT / "examples" / "data" / "coffee_qa.json").read_text(encoding="utf-8"))
     chats = [[{"role": "user", "content": r["instruction"]}] for r in records[: args.prompts]]
     sampling = Sampling(args.max_new_tokens)
-    model = load_causal_lm(base.path, base.family, torch.float32)
+    model = load_causal_lm(base.path, base.spec, torch.float32)
     rows = []
     for batch_size in map(int, args.batch_sizes.split(",")):
         engine = TransformersGenerator(model, tokenizer, base.family, batch_size)

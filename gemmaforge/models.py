@@ -9,7 +9,6 @@ dequantizes every tensor and rebuilds the tokenizer (minutes on a small CPU).
 from __future__ import annotations
 
 import hashlib
-import json
 import multiprocessing
 import os
 from concurrent.futures import ProcessPoolExecutor
@@ -19,7 +18,8 @@ from typing import Any
 
 from gemmaforge.console import console
 from gemmaforge.errors import UserError
-from gemmaforge.families import Family, family_for_model_type
+from gemmaforge.families import Family
+from gemmaforge.model_spec import ModelSpec, read_spec
 from gemmaforge.runs import atomic_dir
 
 EMBEDDED_NAME = "gemma3-270m"
@@ -33,7 +33,11 @@ class ResolvedModel:
     reference: str  # what the user wrote
     path: Path  # local HF directory (config.json, safetensors, tokenizer)
     revision: str  # content hash or hub revision, for the manifest
-    family: Family
+    spec: ModelSpec
+
+    @property
+    def family(self) -> Family:
+        return self.spec.family
 
 
 def default_home() -> Path:
@@ -57,12 +61,7 @@ def resolve_model(reference: str, home: Path, revision: str | None = None) -> Re
         raise UserError(f"model.name_or_path '{reference}': expected an HF model folder or a .gguf file")
     else:
         path, rev = _hub_snapshot(reference, revision)
-    return ResolvedModel(reference, path, rev, family_for_model_type(read_model_type(path)))
-
-
-def read_model_type(model_dir: Path) -> str:
-    config = json.loads((model_dir / "config.json").read_text(encoding="utf-8"))
-    return config.get("text_config", {}).get("model_type") or config["model_type"]
+    return ResolvedModel(reference, path, rev, read_spec(path))
 
 
 # ---------------------------------------------------------------------------- loading
@@ -74,18 +73,21 @@ def load_tokenizer(model_dir: Path) -> Any:
     return AutoTokenizer.from_pretrained(model_dir)
 
 
-def load_causal_lm(model_dir: Path, family: Family, dtype: Any = None, load_in_4bit: bool = False) -> Any:
-    """The model in `dtype`; with load_in_4bit its linear weights as NF4 (QLoRA; needs a GPU and bitsandbytes,
-    checked by train/preflight.py), computing in `dtype`."""
+def load_causal_lm(model_dir: Path, spec: ModelSpec, dtype: Any = None, load_in_4bit: bool = False) -> Any:
+    """The whole checkpoint (towers included) as the class its config names, in `dtype`; with load_in_4bit its
+    linear weights as NF4 (QLoRA; needs a GPU and bitsandbytes, checked by train/preflight.py), computing in
+    `dtype`. Every supported class is a generating LM whose `.model` returns the text's hidden states."""
     import torch
-    from transformers import AutoModelForCausalLM, BitsAndBytesConfig
+    import transformers
+    from transformers import BitsAndBytesConfig
 
     quantization = BitsAndBytesConfig(
         load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
         bnb_4bit_compute_dtype=dtype or torch.float32,
     ) if load_in_4bit else None
-    return AutoModelForCausalLM.from_pretrained(
-        model_dir, dtype=dtype or torch.float32, attn_implementation=family.attn_implementation,
+    model_class = getattr(transformers, spec.architecture.name)
+    return model_class.from_pretrained(
+        model_dir, dtype=dtype or torch.float32, attn_implementation=spec.family.attn_implementation,
         quantization_config=quantization, device_map={"": 0} if load_in_4bit else None,
     )
 

@@ -109,18 +109,14 @@ def stage_export_gguf(run: RunDir, config: RunConfig, base: ResolvedModel, quant
 
 def stage_export_adapter(run: RunDir, base: ResolvedModel) -> None:
     """gguf/adapter-f16.gguf, and the base model as gguf/base-f16.gguf for it to apply to."""
-    import json
-
     from gemmaforge.export.gguf import write_gguf
     from gemmaforge.export.gguf_adapter import write_adapter_gguf
     from gemmaforge.export.ollama import ADAPTER_GGUF, BASE_GGUF
     from gemmaforge.templates import hf_chat_template
 
     adapter = run.require(run.adapter_dir / "adapter_config.json", "train").parent
-    n_layers = json.loads((base.path / "config.json").read_text(encoding="utf-8"))
-    n_layers = n_layers.get("text_config", n_layers)["num_hidden_layers"]
     with run.stage("export_adapter") as record:
-        path = write_adapter_gguf(adapter, run.gguf_dir / ADAPTER_GGUF, base.family, n_layers)
+        path = write_adapter_gguf(adapter, run.gguf_dir / ADAPTER_GGUF, base.spec)
         base_gguf = write_gguf(base.path, run.gguf_dir / BASE_GGUF, "f16", chat_template=hf_chat_template(base.family))
         record.update(adapter=str(path), base=str(base_gguf))
     console.print(f"[bold]export gguf[/]: {path} on {base_gguf} (llama.cpp --lora; `export ollama --adapter` "

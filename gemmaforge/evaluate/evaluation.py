@@ -66,7 +66,7 @@ def evaluate(run: RunDir, config: RunConfig, base: ResolvedModel) -> dict[str, A
     gguf = deployed_gguf(run, ec) if ec.engine == "llamacpp" else None
     family = base.family
     tokenizer = load_tokenizer(adapter)
-    model = PeftModel.from_pretrained(fast_last_position_logits(load_causal_lm(base.path, family, torch.float32)),
+    model = PeftModel.from_pretrained(fast_last_position_logits(load_causal_lm(base.path, base.spec, torch.float32)),
                                       adapter)
     use_sparse_template_tokens(model)  # PEFT's own forward rebuilds the 262k-row output layer at every token
     probes = retention_probes() if ec.retention else []

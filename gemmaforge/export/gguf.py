@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import shutil
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack
@@ -28,7 +29,7 @@ from gemmaforge.errors import UserError
 from gemmaforge.export.gguf_shards import NO_SPLIT, Split, gguf_file, gguf_parts, split_gguf_file
 from gemmaforge.export.gguf_vocab import load_vocab
 from gemmaforge.export.quantize import K_QUANTS, llama_cpp_quantize, quantizer
-from gemmaforge.families import family_for_model_type
+from gemmaforge.model_spec import ModelSpec, read_spec, text_weight_name
 
 QType = gguf.GGMLQuantizationType
 
@@ -198,7 +199,7 @@ class _Planned:
     nbytes: int
 
 
-def _weight_files(model_dir: Path) -> dict[str, Path]:
+def weight_files(model_dir: Path) -> dict[str, Path]:
     """HF tensor name -> safetensors file holding it."""
     index = model_dir / "model.safetensors.index.json"
     single = model_dir / "model.safetensors"
@@ -227,8 +228,10 @@ def _tensor_type(gguf_name: str, shape: tuple[int, ...], weights: QType) -> QTyp
     return weights if shape[-1] % block_size == 0 else QType.F16
 
 
-def _plan(model_dir: Path, cfg: dict[str, Any], arch: gguf.MODEL_ARCH, weights: QType) -> list[_Planned]:
-    files = _weight_files(model_dir)
+def _plan(model_dir: Path, spec: ModelSpec, arch: gguf.MODEL_ARCH, weights: QType) -> list[_Planned]:
+    """The text model's tensors (a multimodal checkpoint's towers go to the projector file, gguf_mmproj.py)."""
+    files = weight_files(model_dir)
+    cfg = spec.text
     name_map = gguf.get_tensor_name_map(arch, cfg["num_hidden_layers"])
     skip = {"lm_head.weight"} if cfg.get("tie_word_embeddings", True) else set()  # llama.cpp reuses token_embd
     shapes: dict[str, tuple[int, ...]] = {}
@@ -237,21 +240,29 @@ def _plan(model_dir: Path, cfg: dict[str, Any], arch: gguf.MODEL_ARCH, weights: 
             shapes.update({n: tuple(f.get_slice(n).get_shape()) for n in f.keys()})  # noqa: SIM118 (not iterable)
     plan = []
     for hf_name in sorted(files):
-        if hf_name in skip or hf_name.endswith(".rotary_emb.inv_freq"):
+        text_name = text_weight_name(spec, hf_name)
+        if text_name is None or text_name in skip or text_name.endswith(".rotary_emb.inv_freq"):
             continue
-        gguf_name = name_map.get_name(hf_name, try_suffixes=(".weight", ".bias"))
+        gguf_name = _moe_scale_name(text_name) or name_map.get_name(text_name, try_suffixes=(".weight", ".bias"))
         if gguf_name is not None and not gguf_name.endswith((".weight", ".bias")):
             gguf_name += ".weight"  # a bare parameter (Gemma 4's layer_scalar): named as llama.cpp's converter does
         if gguf_name is None:
-            raise UserError(
-                f"tensor {hf_name} in {files[hf_name]} has no GGUF name for "
-                f"{gguf.MODEL_ARCH_NAMES[arch]}: is this a text-only merged model?"
-            )
+            raise UserError(f"tensor {hf_name} in {files[hf_name]} has no GGUF name for {gguf.MODEL_ARCH_NAMES[arch]}")
         shape = shapes[hf_name]
         qtype = _tensor_type(gguf_name, shape, weights)
         nbytes = math.prod(gguf.quant_shape_to_byte_shape(shape, qtype))
         plan.append(_Planned(hf_name, gguf_name, files[hf_name], shape, qtype, nbytes))
     return plan
+
+
+# Gemma 4 MoE router scales: llama.cpp's Gemma4Model names them after the tensors they scale
+_MOE_SCALES = {"router.scale": "ffn_gate_inp.scale", "router.per_expert_scale": "ffn_down_exps.scale"}
+_MOE_SCALE = re.compile(r"model\.layers\.(\d+)\.(router\.(?:scale|per_expert_scale))")
+
+
+def _moe_scale_name(text_name: str) -> str | None:
+    match = _MOE_SCALE.fullmatch(text_name)
+    return f"blk.{match[1]}.{_MOE_SCALES[match[2]]}" if match else None
 
 
 def _converted(plan: list[_Planned], norm_shift: bool) -> Iterator[np.ndarray]:
@@ -297,7 +308,7 @@ def _vocab_to_gguf(w: gguf.GGUFWriter, model_dir: Path, n_vocab: int, chat_templ
 _METADATA_ALLOWANCE = 64 * 2**20  # vocabulary, chat template, header: a few MiB for a 262k vocabulary
 
 
-def _check_room(folder: Path, needed: int) -> None:
+def check_room(folder: Path, needed: int) -> None:
     """Refuse before writing rather than leave a disk full and a file half-written."""
     free = shutil.disk_usage(folder).free
     if free < needed:
@@ -333,16 +344,6 @@ def _gemma4_vocab_to_gguf(w: gguf.GGUFWriter, model_dir: Path, n_vocab: int, cha
     w.add_add_space_prefix(False)
 
 
-def _read_config(model_dir: Path) -> dict[str, Any]:
-    path = model_dir / "config.json"
-    if not path.is_file():
-        raise UserError(f"no config.json in {model_dir}: expected a merged Hugging Face model folder")
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as e:
-        raise UserError(f"{path} is not valid JSON: {e}") from e
-
-
 def write_gguf(
     model_dir: Path, out_path: Path, quant: str, *, chat_template: str | None = None, name: str | None = None,
     split: Split = NO_SPLIT,
@@ -367,22 +368,17 @@ def write_gguf(
     if quant not in _QUANTS:
         raise UserError(f"unknown GGUF quant {quant!r}; choose one of: {', '.join(GGUF_QUANTS)}")
     model_dir, out_path = Path(model_dir), Path(out_path)
-    cfg = _read_config(model_dir)
-    model_type = cfg.get("model_type", "")
-    family = family_for_model_type(model_type)  # UserError for non-Gemma models
-    if model_type not in _HPARAM_WRITERS:
-        raise UserError(
-            f"GGUF export does not support model_type {model_type!r} yet; supported: {', '.join(_HPARAM_WRITERS)}"
-        )
+    spec = read_spec(model_dir)  # UserError for what is not a supported Gemma checkpoint
+    family, cfg, model_type = spec.family, spec.text, spec.text_model_type
     arch = next(a for a, n in gguf.MODEL_ARCH_NAMES.items() if n == family.gguf_arch)
     file_type, weights = _QUANTS[quant]
-    plan = _plan(model_dir, cfg, arch, weights)
+    plan = _plan(model_dir, spec, arch, weights)
     embedding = next((t for t in plan if t.hf_name.endswith("embed_tokens.weight")), None)
     if embedding is None:
         raise UserError(f"no embed_tokens.weight among the weights in {model_dir}")
 
     out_path.parent.mkdir(parents=True, exist_ok=True)
-    _check_room(out_path.parent, sum(t.nbytes for t in plan) + _METADATA_ALLOWANCE)
+    check_room(out_path.parent, sum(t.nbytes for t in plan) + _METADATA_ALLOWANCE)
     extras = {"rope_freqs.weight": _gemma4_rope_freqs(cfg)} if model_type == "gemma4_text" else {}
     with gguf_file(out_path, family.gguf_arch, split) as writer:
         for extra_name, data in extras.items():  # small generated tensors, written first as llama.cpp does

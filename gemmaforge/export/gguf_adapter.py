@@ -20,23 +20,25 @@ from safetensors import safe_open
 from gemmaforge.errors import UserError
 from gemmaforge.export.adapter_limits import require_plain_lora
 from gemmaforge.export.gguf_shards import gguf_file
-from gemmaforge.families import Family
+from gemmaforge.model_spec import ModelSpec, text_weight_name
 
 _PREFIX = "base_model.model."
 
 
-def write_adapter_gguf(adapter_dir: Path, out_path: Path, family: Family, n_layers: int) -> Path:
+def write_adapter_gguf(adapter_dir: Path, out_path: Path, spec: ModelSpec) -> Path:
+    """The adapter of a model of `spec`; on a multimodal checkpoint it adapts the text model llama.cpp loads."""
     config = json.loads((adapter_dir / "adapter_config.json").read_text(encoding="utf-8"))
     _check_supported(config, adapter_dir)
+    family = spec.family
     arch = next(a for a, n in gguf.MODEL_ARCH_NAMES.items() if n == family.gguf_arch)
-    name_map = gguf.get_tensor_name_map(arch, n_layers)
+    name_map = gguf.get_tensor_name_map(arch, spec.text["num_hidden_layers"])
     pairs: dict[str, dict[str, np.ndarray]] = {}
     with safe_open(adapter_dir / "adapter_model.safetensors", framework="pt") as f:
         for key in f.keys():  # noqa: SIM118 (safe_open handles are not iterable)
             for part, suffix in (("lora_a", ".lora_A.weight"), ("lora_b", ".lora_B.weight")):
                 if key.endswith(suffix):
-                    base = key.removeprefix(_PREFIX).removesuffix(suffix) + ".weight"
-                    pairs.setdefault(base, {})[part] = f.get_tensor(key).float().numpy()
+                    hf_name = key.removeprefix(_PREFIX).removesuffix(suffix) + ".weight"
+                    pairs.setdefault(text_weight_name(spec, hf_name) or hf_name, {})[part] = f.get_tensor(key).float().numpy()
     if not pairs:
         raise UserError(f"{adapter_dir}: no LoRA weights (lora_A / lora_B) in adapter_model.safetensors")
     r = config["r"]

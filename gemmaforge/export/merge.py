@@ -1,8 +1,12 @@
-"""The merge stage: base + adapter -> merged/ (HF safetensors, tokenizer with its chat template)."""
+"""The merge stage: base + adapter -> merged/ (HF safetensors, tokenizer with its chat template).
+
+The merged folder is the whole checkpoint: a multimodal base keeps its architecture, config, towers and
+projectors (unchanged: LoRA only adapts the language model) and its processor files."""
 
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +17,10 @@ from gemmaforge.templates import hf_chat_template
 # Shards of the size Hub checkpoints use (transformers 5 would write up to 50 GB files, which many
 # tools and file systems handle badly); readers find them through model.safetensors.index.json.
 MAX_SHARD = "5GB"
+# What a multimodal checkpoint's processor reads beside the tokenizer (image and audio preprocessing): copied
+# unchanged, so AutoProcessor loads the merged folder as it loads the base. Its chat template is not among
+# them: the merged folder's is the training template, written with the tokenizer.
+PROCESSOR_FILES = ("preprocessor_config.json", "processor_config.json", "video_preprocessor_config.json")
 # Keys that describe how a checkpoint was loaded, not the model; converters choke on some of them.
 _LOAD_TIME_CONFIG_KEYS = ("quantization_config", "_name_or_path")
 
@@ -24,7 +32,7 @@ def merge(run: RunDir, base: ResolvedModel) -> dict[str, Any]:
     adapter = run.require(run.adapter_dir / "adapter_config.json", "train").parent
     # Always a full-precision reload of the base (a QLoRA run never merges into 4-bit weights); the sum
     # is taken in fp32 and stored in the base's own dtype.
-    model = load_causal_lm(base.path, base.family, torch.float32)
+    model = load_causal_lm(base.path, base.spec, torch.float32)
     model = PeftModel.from_pretrained(model, adapter).merge_and_unload().to(base_dtype(base.path))
     tokenizer = load_tokenizer(adapter)
     tokenizer.chat_template = hf_chat_template(base.family)
@@ -35,6 +43,9 @@ def merge(run: RunDir, base: ResolvedModel) -> dict[str, Any]:
     with atomic_dir(run.merged_dir) as tmp:
         model.save_pretrained(tmp, max_shard_size=MAX_SHARD)
         tokenizer.save_pretrained(tmp)
+        for name in PROCESSOR_FILES:
+            if (base.path / name).is_file():
+                shutil.copyfile(base.path / name, tmp / name)
         _clean_config(tmp / "config.json")
     return {"path": str(run.merged_dir), "dtype": str(model.dtype).removeprefix("torch."),
             "parameters": sum(p.numel() for p in model.parameters())}

@@ -20,7 +20,7 @@ from typing import Any
 
 from gemmaforge.errors import UserError
 from gemmaforge.families import FAMILIES, Family
-from gemmaforge.models import EMBEDDED_NAME, resolve_model
+from gemmaforge.models import EMBEDDED_NAME, ResolvedModel, resolve_model
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}(/[A-Za-z0-9][A-Za-z0-9._-]{0,63})?(:[A-Za-z0-9._-]{1,64})?$")
 
@@ -146,7 +146,7 @@ class Registry:
         adapter_dir = adapter_dir or run.require(run.adapter_dir / "adapter_config.json", "train").parent
         _require_safetensors(adapter_dir, "adapter_model.safetensors")
         base = resolve_model(config.model.name_or_path, self.home, config.model.revision)
-        transformers = self._transformers_engine(base.path, base.family, base.reference)
+        transformers = self._transformers_engine(base, base.reference)
         served = Served(name, transformers, None, base.family, root, system=system, options=options,
                         parent=transformers.base_name)
         return self._register(served, adapter_dir=adapter_dir)
@@ -155,7 +155,7 @@ class Registry:
         name = self._free(check_name(name))
         base = resolve_model(ref, self.home)
         _require_safetensors(base.path)
-        engine = self._transformers_engine(base.path, base.family, ref)
+        engine = self._transformers_engine(base, ref)
         return self._register(Served(name, engine, None, base.family, base.path))
 
     def _add_gguf(self, path: Path, name: str, source: Path | None = None) -> Served:
@@ -171,11 +171,11 @@ class Registry:
                                                                    max_queue=self.max_queue)
         return self._register(Served(name, engine, None, family, source or path))
 
-    def _transformers_engine(self, base_path: Path, family: Family, reference: str) -> Any:
-        engine = self.engines.get(base_path.resolve())
+    def _transformers_engine(self, base: ResolvedModel, reference: str) -> Any:
+        engine = self.engines.get(base.path.resolve())
         if engine is None:
-            engine = self.engines[base_path.resolve()] = _load_transformers(base_path, family, self)
-            engine.base_path, engine.base_name = base_path.resolve(), reference
+            engine = self.engines[base.path.resolve()] = _load_transformers(base, self)
+            engine.base_path, engine.base_name = base.path.resolve(), reference
         return engine
 
     def _free(self, name: str) -> str:
@@ -217,18 +217,18 @@ class Registry:
             engine.close()
 
 
-def _load_transformers(base_path: Path, family: Family, registry: Registry) -> Any:
+def _load_transformers(base: ResolvedModel, registry: Registry) -> Any:
     import torch
 
     from gemmaforge.models import load_causal_lm, load_tokenizer
     from gemmaforge.serve.transformers_engine import TransformersEngine
     from gemmaforge.train.precision import resolve_precision
 
-    dtype = torch.bfloat16 if resolve_precision(registry.dtype, family) == "bf16" else torch.float32
-    model = load_causal_lm(base_path, family, dtype)
+    dtype = torch.bfloat16 if resolve_precision(registry.dtype, base.family) == "bf16" else torch.float32
+    model = load_causal_lm(base.path, base.spec, dtype)
     if torch.cuda.is_available():
         model = model.to("cuda")
-    return TransformersEngine(model, load_tokenizer(base_path), family, max_batch=registry.max_batch,
+    return TransformersEngine(model, load_tokenizer(base.path), base.family, max_batch=registry.max_batch,
                               max_queue=registry.max_queue, num_ctx=registry.num_ctx)
 
 

@@ -39,7 +39,8 @@ def supervised_loss(
     keep = targets != IGNORE_INDEX
     hidden = body.last_hidden_state[:, :-1][keep]  # (N, H), N supervised positions
     output_layer = causal_lm.get_output_embeddings()
-    softcap = getattr(causal_lm.config, "final_logit_softcapping", None)
+    # multimodal configs keep the text model's settings in text_config
+    softcap = getattr(causal_lm.config.get_text_config(), "final_logit_softcapping", None)
     loss = linear_cross_entropy(hidden, targets[keep], output_layer, softcap, chunk_size)
     if loss is None:  # an output layer that is itself trained (modules_to_save) goes through autograd
         loss = chunked_cross_entropy(hidden, targets[keep], output_layer, softcap, chunk_size)

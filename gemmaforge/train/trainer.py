@@ -24,6 +24,7 @@ from gemmaforge.train.checkpoints import CompleteMarker, keep_metrics_until, las
 from gemmaforge.train.collate import RightPadCollator, tokenize_conversations
 from gemmaforge.train.dropout import use_byte_mask_dropout
 from gemmaforge.train.geglu import use_recomputed_gelu
+from gemmaforge.train.lora_targets import resolve_lora_targets
 from gemmaforge.train.loss import NonFiniteLoss, SupervisedLossTrainer, install_supervised_forward, peak_memory_bytes
 from gemmaforge.train.packing import PackedCollator, pack_examples
 from gemmaforge.train.preflight import preflight
@@ -51,7 +52,7 @@ def build_peft_model(config: RunConfig, base: ResolvedModel, tokenizer: Any, pre
 
     set_seed(config.train.seed)  # the LoRA initialisation draws from the global RNG: same config, same run
     dtype = torch.bfloat16 if precision == "bf16" else torch.float32
-    model = load_causal_lm(base.path, base.family, dtype, load_in_4bit=config.model.load_in_4bit)
+    model = load_causal_lm(base.path, base.spec, dtype, load_in_4bit=config.model.load_in_4bit)
     token_ids = template_token_ids(tokenizer, base.family) if config.lora.train_template_tokens else None
     return wrap_for_training(model, config, base.family, lora_targets(config, base), token_ids)
 
@@ -63,6 +64,7 @@ def wrap_for_training(model: Any, config: RunConfig, family: Family, targets: li
 
     if config.train.packing and family.attn_implementation == "sdpa":
         model.set_attn_implementation(packed_attention.register())  # each packed example attends alone
+    targets = resolve_lora_targets(model, targets)  # the language model only, never a tower or router
     if config.model.load_in_4bit:
         model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=config.train.gradient_checkpointing)
     lora = config.lora

@@ -12,7 +12,7 @@ from gemmaforge.cli import main
 from gemmaforge.errors import UserError
 from gemmaforge.export.gguf import write_gguf
 from gemmaforge.export.gguf_adapter import write_adapter_gguf
-from gemmaforge.families import FAMILIES
+from gemmaforge.model_spec import read_spec
 from tests.helpers import write_config
 
 
@@ -63,12 +63,13 @@ def test_llama_cpp_with_the_adapter_gguf_computes_the_merged_model(tmp_path: Pat
         ({"trainable_token_indices": [105, 106]}, "or train with lora.train_template_tokens: false"),
     ],
 )
-def test_adapters_without_a_gguf_form_are_refused(tmp_path: Path, change: dict, expected: str) -> None:
+def test_adapters_without_a_gguf_form_are_refused(tmp_path: Path, tiny_gemma3_dir: Path, change: dict,
+                                                  expected: str) -> None:
     adapter = tmp_path / "adapter"
     adapter.mkdir()
     (adapter / "adapter_config.json").write_text(json.dumps({"r": 8, "lora_alpha": 16, **change}))
     with pytest.raises(UserError, match="export the merged model instead") as info:
-        write_adapter_gguf(adapter, tmp_path / "adapter-f16.gguf", FAMILIES["gemma3"], 2)
+        write_adapter_gguf(adapter, tmp_path / "adapter-f16.gguf", read_spec(tiny_gemma3_dir))
     assert expected in str(info.value) and not (tmp_path / "adapter-f16.gguf").exists()
 
 

@@ -278,12 +278,14 @@ def test_missing_config_and_weights_name_the_path(tiny_gemma3_dir, tmp_path):
         write_gguf(no_weights, tmp_path / "x.gguf", "f16")
 
 
-def test_unsupported_model_type_is_a_user_error(tiny_gemma3_dir, tmp_path):
+@pytest.mark.parametrize("architecture", ["PaliGemmaForConditionalGeneration", "Gemma3nForConditionalGeneration",
+                                          "LlamaForCausalLM"])
+def test_unsupported_checkpoints_are_a_user_error_naming_what_is_supported(architecture, tiny_gemma3_dir, tmp_path):
     model_dir = tmp_path / "checkpoint"
     model_dir.mkdir()
     config = json.loads((tiny_gemma3_dir / "config.json").read_text())
-    (model_dir / "config.json").write_text(json.dumps(dict(config, model_type="gemma3")))  # the multimodal model
-    with pytest.raises(UserError, match="GGUF export does not support model_type 'gemma3' yet; supported: gemma,"):
+    (model_dir / "config.json").write_text(json.dumps(dict(config, architectures=[architecture])))
+    with pytest.raises(UserError, match=f"{architecture}.*supported.*Gemma3ForConditionalGeneration"):
         write_gguf(model_dir, tmp_path / "x.gguf", "f16")
 
 

@@ -1,0 +1,57 @@
+"""Which modules LoRA wraps: the language model's linear layers, never a tower, projector or MoE router.
+
+PEFT matches plain names (`q_proj`) anywhere in the model, so on a multimodal checkpoint they also hit
+the vision and audio towers (Gemma 4's towers use `Gemma4ClippableLinear`, which PEFT refuses with a
+traceback), and `all-linear` takes every linear layer of every tower. The request is resolved here
+against the real module tree and handed to PEFT in a form that matches the language model alone.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from torch import nn
+
+from gemmaforge.errors import UserError
+
+# A MoE layer's router decides which experts see a token; training it is not LoRA fine-tuning.
+_NEVER = re.compile(r"(^|\.)router\.")
+
+
+def language_linears(model: Any) -> tuple[str, dict[str, nn.Module]]:
+    """(module path of the decoder, {path: module} of its LoRA-able linear layers)."""
+    decoder = model.get_decoder()
+    prefix = next(name for name, module in model.named_modules() if module is decoder)
+    linears = {name: module for name, module in model.named_modules()
+               if name.startswith(f"{prefix}.") and isinstance(module, nn.Linear) and not _NEVER.search(name)}
+    return prefix, linears
+
+
+def resolve_lora_targets(model: Any, requested: list[str] | str, config_key: str = "lora.target_modules") -> list[str] | str:
+    """PEFT's `target_modules` for `requested` (module names or 'all-linear') on `model`. A text-only model
+    gets the names themselves (its decoder is all there is); a multimodal one a pattern anchored at its
+    language model. Names that match no linear layer of the language model are a UserError listing the
+    names that can be targeted."""
+    prefix, linears = language_linears(model)
+    targetable = sorted({name.rsplit(".", 1)[-1] for name in linears})
+    if requested == "all-linear":
+        names = targetable
+    else:
+        names = list(requested)
+        unmatched = [n for n in names if not any(path == n or path.endswith(f".{n}") for path in linears)]
+        if unmatched:
+            elsewhere = [n for n in unmatched if any(path.endswith(f".{n}") for path, _ in model.named_modules())]
+            where = (f" ({', '.join(elsewhere)} only outside the language model's linear layers: a tower, projector "
+                     "or router, which stay frozen)") if elsewhere else ""
+            raise UserError(f"{config_key}: {', '.join(unmatched)} matches no linear layer of the language "
+                            f"model{where}; targetable: {', '.join(targetable)} or 'all-linear'")
+    reaches_outside = any(
+        not (path.startswith(f"{prefix}.") and path in linears)
+        for path, module in model.named_modules()
+        if any(path == n or path.endswith(f".{n}") for n in names)
+    )
+    if not reaches_outside:
+        return names
+    alternatives = "|".join(re.escape(n) for n in names)
+    return rf"{re.escape(prefix)}\.(?:.*\.)?(?:{alternatives})"
