@@ -86,10 +86,17 @@ def load_causal_lm(model_dir: Path, spec: ModelSpec, dtype: Any = None, load_in_
         bnb_4bit_compute_dtype=dtype or torch.float32,
     ) if load_in_4bit else None
     model_class = getattr(transformers, spec.architecture.name)
+    attention = text_attention(spec.multimodal, spec.family.attn_implementation)
     return model_class.from_pretrained(
-        model_dir, dtype=dtype or torch.float32, attn_implementation=spec.family.attn_implementation,
+        model_dir, dtype=dtype or torch.float32, attn_implementation=attention,
         quantization_config=quantization, device_map={"": 0} if load_in_4bit else None,
     )
+
+
+def text_attention(multimodal: bool, implementation: str) -> str | dict[str, str]:
+    """`attn_implementation` for the language model alone: a multimodal checkpoint's towers keep what
+    transformers picks for them (Gemma 4's audio tower has no SDPA path)."""
+    return {"text_config": implementation} if multimodal else implementation
 
 
 def fast_last_position_logits(model: Any) -> Any:

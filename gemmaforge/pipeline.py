@@ -13,6 +13,7 @@ from gemmaforge.console import console
 from gemmaforge.distributed import barrier, is_main_process
 from gemmaforge.errors import StageError, UserError
 from gemmaforge.export.gguf_shards import Split, gguf_parts
+from gemmaforge.model_spec import read_spec
 from gemmaforge.models import ResolvedModel, resolve_model
 from gemmaforge.runs import RunDir
 
@@ -104,6 +105,12 @@ def stage_export_gguf(run: RunDir, config: RunConfig, base: ResolvedModel, quant
                               split=split or config.export.split())
             parts = gguf_parts(target)
             files[quant] = {"path": str(path), "bytes": sum(p.stat().st_size for p in parts), "shards": len(parts)}
+        if base.spec.multimodal and output is None:  # the towers, for llama.cpp's --mmproj and Ollama's second FROM
+            from gemmaforge.export.gguf_mmproj import write_mmproj
+
+            console.print(f"[bold]export gguf[/]: writing {run.mmproj_path} ({', '.join(base.spec.towers)}) ...")
+            path = write_mmproj(merged, run.mmproj_path, name=ollama_model_name(config))
+            files["mmproj"] = {"path": str(path), "bytes": path.stat().st_size, "shards": 1}
         record["files"] = files
 
 
@@ -153,6 +160,11 @@ def export_checkpoint_gguf(checkpoint: Path, quants: list[str], output: Path | N
         parts = gguf_parts(target)
         shards = f", {len(parts)} shards" if len(parts) > 1 else ""
         console.print(f"[bold]export gguf[/]: {path} ({sum(p.stat().st_size for p in parts) / 2**20:,.0f} MiB{shards})")
+    if read_spec(checkpoint).multimodal and output is None:
+        from gemmaforge.export.gguf_mmproj import write_mmproj
+
+        path = write_mmproj(checkpoint, checkpoint / f"mmproj-{name}-f16.gguf")
+        console.print(f"[bold]export gguf[/]: {path} (the towers: llama.cpp --mmproj)")
 
 
 def gguf_targets(quants: list[str], output: Path | None, default: Callable[[str], Path]) -> dict[str, Path]:

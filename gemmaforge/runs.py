@@ -74,6 +74,11 @@ class RunDir:
     def gguf_path(self, quant: str) -> Path:
         return self.gguf_dir / f"model-{quant}.gguf"
 
+    @property
+    def mmproj_path(self) -> Path:
+        """A multimodal checkpoint's towers as llama.cpp's projector file."""
+        return self.gguf_dir / "mmproj-f16.gguf"
+
     # ------------------------------------------------------------------ lifecycle
     @classmethod
     def create(cls, config: RunConfig) -> RunDir:

@@ -71,3 +71,18 @@ def save_tiny(model, target: Path, tokenizer_dir: Path) -> Path:
 @pytest.fixture(scope="session")
 def tiny_gemma3_dir(tmp_path_factory: pytest.TempPathFactory, embedded_model: ResolvedModel) -> Path:
     return build_tiny_gemma3(tmp_path_factory.mktemp("tiny-gemma3"), embedded_model.path)
+
+
+@pytest.fixture(scope="session")
+def checkpoint_of(tmp_path_factory: pytest.TempPathFactory, embedded_model: ResolvedModel):
+    """kind -> the tiny checkpoint of that real checkpoint kind (tests/checkpoint_kinds.py), built once a session."""
+    from tests.checkpoint_kinds import build_checkpoint
+
+    built: dict[str, Path] = {}
+
+    def build(kind: str) -> Path:
+        if kind not in built:
+            built[kind] = build_checkpoint(kind, tmp_path_factory.mktemp(kind), embedded_model.path)
+        return built[kind]
+
+    return build

@@ -150,6 +150,11 @@ def _gemma4_hparams(w: gguf.GGUFWriter, cfg: dict[str, Any]) -> None:
         n_ff = cfg["intermediate_size"]
         core["intermediate_size"] = [n_ff if i < first_shared else 2 * n_ff for i in range(cfg["num_hidden_layers"])]
     _core_hparams(w, core)
+    if cfg.get("num_experts") is not None:  # 26B-A4B: a MoE block beside the dense MLP in every layer
+        w.add_expert_count(cfg["num_experts"])
+        w.add_expert_used_count(cfg["top_k_experts"])
+    if cfg.get("moe_intermediate_size") is not None:
+        w.add_expert_feed_forward_length(cfg["moe_intermediate_size"])
     full, sliding = _rope_parameters(cfg)
     w.add_rope_freq_base(full.get("rope_theta") or 1_000_000.0)
     if sliding.get("rope_theta") is not None:
@@ -243,9 +248,10 @@ def _plan(model_dir: Path, spec: ModelSpec, arch: gguf.MODEL_ARCH, weights: QTyp
         text_name = text_weight_name(spec, hf_name)
         if text_name is None or text_name in skip or text_name.endswith(".rotary_emb.inv_freq"):
             continue
-        gguf_name = _moe_scale_name(text_name) or name_map.get_name(text_name, try_suffixes=(".weight", ".bias"))
+        gguf_name = name_map.get_name(text_name, try_suffixes=(".weight", ".bias"))
         if gguf_name is not None and not gguf_name.endswith((".weight", ".bias")):
             gguf_name += ".weight"  # a bare parameter (Gemma 4's layer_scalar): named as llama.cpp's converter does
+        gguf_name = _moe_scale_name(text_name) or gguf_name
         if gguf_name is None:
             raise UserError(f"tensor {hf_name} in {files[hf_name]} has no GGUF name for {gguf.MODEL_ARCH_NAMES[arch]}")
         shape = shapes[hf_name]

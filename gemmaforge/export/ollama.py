@@ -37,12 +37,25 @@ def pick_gguf(run: RunDir, config: RunConfig) -> Path:
     return run.require(run.gguf_path(quant), "export gguf")
 
 
-def render_modelfile(gguf_relpath: str, family: Family, config: RunConfig, adapter_relpath: str | None = None) -> str:
+# Which Ollama imports a text GGUF plus a projector GGUF (two FROM lines) for each family: 0.11.11 runs Gemma 3's
+# on its llama.cpp engine (ollama/ollama commit aba157531), Gemma 4 needs the llama.cpp of 0.30.0 (ollama#16031).
+_PROJECTOR_OLLAMA = {"gemma3": "0.11.11", "gemma4": "0.30.0"}
+
+
+def render_modelfile(gguf_relpath: str, family: Family, config: RunConfig, adapter_relpath: str | None = None,
+                     mmproj_relpath: str | None = None) -> str:
     o = config.export.ollama
+    projector = [
+        f"# Images: the second FROM is the vision projector; Ollama >= {_PROJECTOR_OLLAMA[family.name]} imports it "
+        "(older versions answer text only).",
+        f"# llama.cpp: llama-mtmd-cli -m {gguf_relpath} --mmproj {mmproj_relpath} --image photo.jpg -p '...'",
+        f"FROM {mmproj_relpath}",
+    ] if mmproj_relpath else []
     lines = [
         f"# Ollama Modelfile written by gemmaforge for {config.output_dir}",
         f"# Create the model:  ollama create {ollama_model_name(config)} -f Modelfile",
         f"FROM {gguf_relpath}",
+        *projector,
         *([f"ADAPTER {adapter_relpath}"] if adapter_relpath else []),
         f'TEMPLATE """{ollama_template(family)}"""',
     ]
@@ -73,7 +86,9 @@ def write_modelfile(run: RunDir, config: RunConfig, family: Family, adapter: boo
     def relative(file: Path) -> str:
         return (Path("..") / file.relative_to(run.root)).as_posix()
 
-    atomic_write_text(path, render_modelfile(relative(gguf), family, config, relative(lora) if lora else None))
+    mmproj = run.mmproj_path if run.mmproj_path.is_file() and not adapter else None
+    atomic_write_text(path, render_modelfile(relative(gguf), family, config, relative(lora) if lora else None,
+                                             relative(mmproj) if mmproj else None))
     return path
 
 

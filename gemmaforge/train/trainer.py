@@ -12,7 +12,7 @@ from gemmaforge.data.prepare import read_prepared
 from gemmaforge.distributed import gather, is_main_process
 from gemmaforge.errors import StageError, UserError
 from gemmaforge.families import Family
-from gemmaforge.models import ResolvedModel, load_causal_lm, load_tokenizer
+from gemmaforge.models import ResolvedModel, load_causal_lm, load_tokenizer, text_attention
 from gemmaforge.runs import RunDir, atomic_dir
 from gemmaforge.system.memory_plan import Plan, Planner, plan_summary, this_device
 from gemmaforge.system.monitor import DeviceMonitor
@@ -63,7 +63,8 @@ def wrap_for_training(model: Any, config: RunConfig, family: Family, targets: li
     from peft import LoraConfig, get_peft_model, prepare_model_for_kbit_training
 
     if config.train.packing and family.attn_implementation == "sdpa":
-        model.set_attn_implementation(packed_attention.register())  # each packed example attends alone
+        multimodal = model.config.get_text_config() is not model.config
+        model.set_attn_implementation(text_attention(multimodal, packed_attention.register()))  # each example alone
     targets = resolve_lora_targets(model, targets)  # the language model only, never a tower or router
     if config.model.load_in_4bit:
         model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=config.train.gradient_checkpointing)

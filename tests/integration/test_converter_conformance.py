@@ -92,3 +92,22 @@ def test_gemma4_f16_equals_llama_cpps_converter(converter: Path, embedded_model,
     ours, theirs = convert_both(converter, checkpoint, tmp_path)
     assert_same_file(ours, theirs, "gemma4", {"general.name"})
     assert "rope_freqs.weight" in {t.name for t in ours.tensors}
+
+
+# E2B's and 31B's text models are the text-only Gemma 4 above (per-layer inputs, shared KV) inside the multimodal
+# class; the two kinds here add what is new: towers to leave out, the 262,208-row embedding, the MoE block
+@pytest.mark.parametrize("kind", ["gemma3-mm", "gemma4-moe"])
+def test_multimodal_text_model_equals_llama_cpps_converter(kind: str, converter: Path, checkpoint_of,
+                                                           tmp_path: Path) -> None:
+    """The text file of each multimodal kind (towers left to the projector file, the 262,208-row Gemma 3
+    embedding, Gemma 4's MoE experts and router scales) against the converter's, tensor for tensor. The
+    Gemma 3 vocabulary differs by design as above; Gemma 4's is compared too."""
+    ours, theirs = convert_both(converter, checkpoint_of(kind), tmp_path)
+    family = "gemma3" if kind.startswith("gemma3") else "gemma4"
+    # The converter also copies generation_config.json's sampling into general.sampling.*; the text file leaves
+    # sampling to the runtime (the Modelfile's PARAMETERs, the server's request options).
+    sampling = {k for k in theirs.fields if k.startswith("general.sampling.")}
+    assert_same_file(ours, theirs, family, (ALLOWED if family == "gemma3" else {"general.name", "GGUF.kv_count"}) | sampling)
+    if kind == "gemma4-moe":
+        assert ours.fields["gemma4.expert_count"].contents() == 4
+        assert "blk.0.ffn_gate_up_exps.weight" in {t.name for t in ours.tensors}

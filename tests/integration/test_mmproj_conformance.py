@@ -1,0 +1,142 @@
+"""Our projector GGUF (mmproj) against llama.cpp's own `convert_hf_to_gguf.py --mmproj`, and in llama.cpp's mtmd.
+
+For each multimodal checkpoint kind (tests/checkpoint_kinds.py: Gemma 3 4B-27B, Gemma 4 E2B/E4B with vision and
+audio, Gemma 4 26B-A4B and 31B with vision only) the f16 mmproj must be the converter's file: every key (general.*
+included, in the same order and with the same types), every tensor (names, order, types, shapes, data), down to
+the bytes. Then llama.cpp (llama-cpp-python's libmtmd) loads it beside our text GGUF and encodes an image (and a
+second of audio for E2B) with it.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import subprocess
+import sys
+from pathlib import Path
+
+import gguf
+import numpy as np
+import pytest
+
+from gemmaforge.errors import UserError
+from gemmaforge.export.gguf import write_gguf
+from gemmaforge.export.gguf_mmproj import write_mmproj
+from tests.integration.test_converter_conformance import assert_same_file, converter  # noqa: F401 (fixture)
+
+pytestmark = pytest.mark.integration
+llama_cpp = pytest.importorskip("llama_cpp")
+
+# kind -> towers; gemma4-unified is left out: gemmaforge does not support Gemma 4 Unified (test below)
+KINDS = {"gemma3-mm": ("vision",), "gemma4-e2b": ("vision", "audio"), "gemma4-moe": ("vision",),
+         "gemma4-dense": ("vision",)}
+
+
+@pytest.fixture(scope="module")
+def mmproj_of(checkpoint_of, tmp_path_factory: pytest.TempPathFactory):
+    """kind -> our mmproj-f16.gguf of that kind's tiny checkpoint, written once a module."""
+    out = tmp_path_factory.mktemp("mmproj")
+    written: dict[str, Path] = {}
+
+    def write(kind: str) -> Path:
+        if kind not in written:
+            written[kind] = write_mmproj(checkpoint_of(kind), out / f"{kind}-mmproj-f16.gguf")
+        return written[kind]
+
+    return write
+
+
+def reference_mmproj(converter: Path, checkpoint: Path, out: Path, *extra: str) -> Path:  # noqa: F811
+    proc = subprocess.run(
+        [sys.executable, "convert_hf_to_gguf.py", str(checkpoint), "--mmproj", "--outtype", "f16", "--outfile",
+         str(out), *extra],
+        cwd=converter, env={"PYTHONPATH": str(converter / "gguf-py"), "PATH": "/usr/bin:/bin"},
+        capture_output=True, text=True,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return out
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_mmproj_equals_llama_cpps_converter(kind: str, converter: Path, checkpoint_of, mmproj_of,  # noqa: F811
+                                            tmp_path: Path) -> None:
+    ours_path = mmproj_of(kind)
+    theirs_path = reference_mmproj(converter, checkpoint_of(kind), tmp_path / "reference-mmproj-f16.gguf")
+    ours, theirs = gguf.GGUFReader(ours_path), gguf.GGUFReader(theirs_path)
+    assert_same_file(ours, theirs, "clip", set())  # nothing allowed to differ, general.name included
+    assert [(k, f.types) for k, f in ours.fields.items()] == [(k, f.types) for k, f in theirs.fields.items()]
+    assert [t.name for t in ours.tensors] == [t.name for t in theirs.tensors]
+    assert ours_path.read_bytes() == theirs_path.read_bytes()
+    assert ("clip.has_audio_encoder" in ours.fields) == ("audio" in KINDS[kind])
+
+
+def test_gemma3_as_transformers_saves_it_gives_the_same_projector(checkpoint_of, embedded_model,
+                                                                 tmp_path: Path) -> None:
+    """transformers 5 saves a SigLIP tower it built itself as vision_tower.* (no vision_model. level), which
+    llama.cpp's converter cannot map: the same tensors give the same file as the Hub layout."""
+    from tests.checkpoint_kinds import build_checkpoint
+
+    plain = build_checkpoint("gemma3-mm", tmp_path / "plain", embedded_model.path, hub_layout=False)
+    hub = checkpoint_of("gemma3-mm")  # seed 0 too: the same weights under the Hub's names
+    a = write_mmproj(plain, tmp_path / "plain.gguf", name="tiny")
+    b = write_mmproj(hub, tmp_path / "hub.gguf", name="tiny")
+    assert a.read_bytes() == b.read_bytes()
+
+
+def test_gemma4_unified_is_refused(checkpoint_of, tmp_path: Path) -> None:
+    with pytest.raises(UserError, match="Unified"):
+        write_mmproj(checkpoint_of("gemma4-unified"), tmp_path / "mmproj.gguf")
+    assert not (tmp_path / "mmproj.gguf").exists()
+
+
+def _encode(mtmd, ctx, bitmap, n_embd: int) -> np.ndarray:
+    """Tokenize "<marker>" with one image or audio clip and run the projector on its chunk: its embeddings."""
+    chunks = mtmd.mtmd_input_chunks_init()
+    try:
+        marker = mtmd.mtmd_default_marker()
+        text = mtmd.mtmd_input_text(marker, len(marker), False, True)
+        bitmaps = (mtmd.mtmd_bitmap_p_ctypes * 1)(bitmap)
+        assert mtmd.mtmd_tokenize(ctx, chunks, ctypes.byref(text), bitmaps, 1) == 0
+        media = [mtmd.mtmd_input_chunks_get(chunks, i) for i in range(mtmd.mtmd_input_chunks_size(chunks))]
+        media = [c for c in media if mtmd.mtmd_input_chunk_get_type(c) != mtmd.MTMD_INPUT_CHUNK_TYPE_TEXT]
+        assert len(media) == 1
+        n_tokens = mtmd.mtmd_input_chunk_get_n_tokens(media[0])
+        assert n_tokens > 0
+        assert mtmd.mtmd_encode_chunk(ctx, media[0]) == 0
+        out = mtmd.mtmd_get_output_embd(ctx)
+        return np.ctypeslib.as_array(out, shape=(n_tokens * n_embd,)).reshape(n_tokens, n_embd).copy()
+    finally:
+        mtmd.mtmd_input_chunks_free(chunks)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_llama_cpp_loads_the_projector_beside_the_text_model(kind: str, checkpoint_of, mmproj_of,
+                                                             tmp_path: Path) -> None:
+    from llama_cpp import mtmd_cpp as mtmd
+
+    text = write_gguf(checkpoint_of(kind), tmp_path / "model-f16.gguf", "f16")
+    llm = llama_cpp.Llama(model_path=str(text), vocab_only=False, n_ctx=256, n_threads=2, verbose=False)
+    params = mtmd.mtmd_context_params_default()
+    params.use_gpu, params.n_threads, params.print_timings, params.warmup = False, 2, False, False
+    ctx = mtmd.mtmd_init_from_file(str(mmproj_of(kind)).encode(), llm.model, params)
+    assert ctx, "llama.cpp refused the projector file (see its log on stderr)"
+    try:
+        assert mtmd.mtmd_support_vision(ctx)
+        assert mtmd.mtmd_support_audio(ctx) == ("audio" in KINDS[kind])
+        n_embd = llama_cpp.llama_model_n_embd(llm.model)
+        rgb = np.random.default_rng(0).integers(0, 256, size=(48, 64, 3), dtype=np.uint8)
+        image = mtmd.mtmd_bitmap_init(64, 48, rgb.ctypes.data_as(ctypes.POINTER(ctypes.c_uint8)))
+        try:
+            assert np.isfinite(_encode(mtmd, ctx, image, n_embd)).all()
+        finally:
+            mtmd.mtmd_bitmap_free(image)
+        if "audio" in KINDS[kind]:
+            t = np.arange(16000, dtype=np.float32) / 16000  # one second at llama.cpp's 16 kHz
+            wave = (0.3 * np.sin(2 * np.pi * 440 * t)).astype(np.float32)
+            clip = mtmd.mtmd_bitmap_init_from_audio(len(wave), wave.ctypes.data_as(ctypes.POINTER(ctypes.c_float)))
+            try:
+                assert np.isfinite(_encode(mtmd, ctx, clip, n_embd)).all()
+            finally:
+                mtmd.mtmd_bitmap_free(clip)
+    finally:
+        mtmd.mtmd_free(ctx)
+        llm.close()

@@ -1,0 +1,111 @@
+"""Text training on every multimodal checkpoint kind (tests/checkpoint_kinds.py): the one model spec, LoRA on the
+language model only, our supervised loss equal to transformers' own, and the refusals."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from gemmaforge.config import RunConfig
+from gemmaforge.errors import UserError
+from gemmaforge.model_spec import read_spec
+from gemmaforge.models import load_causal_lm
+from gemmaforge.train.loss import supervised_loss
+from gemmaforge.train.trainer import wrap_for_training
+
+MULTIMODAL = ("gemma3-mm", "gemma4-e2b", "gemma4-moe", "gemma4-dense")  # gemma4-unified: not supported yet
+
+
+def run_config(tmp_path: Path, **lora: object) -> RunConfig:
+    return RunConfig(output_dir=str(tmp_path / "run"), data={"path": "unused.json"},
+                     lora={"r": 4, "lora_alpha": 8, "lora_dropout": 0.0, **lora}, train={"packing": False})
+
+
+@pytest.mark.parametrize(("kind", "family", "towers", "experts", "rows"), [
+    ("gemma3-mm", "gemma3", ("vision",), 0, 262208),  # 262144 text tokens + 64 rows (convert_gemma3_weights.py)
+    ("gemma4-e2b", "gemma4", ("vision", "audio"), 0, 262144),
+    ("gemma4-moe", "gemma4", ("vision",), 4, 262144),
+    ("gemma4-dense", "gemma4", ("vision",), 0, 262144),
+])
+def test_the_spec_reads_each_kind_once(kind: str, family: str, towers: tuple, experts: int, rows: int,
+                                       checkpoint_of) -> None:
+    spec = read_spec(checkpoint_of(kind))
+    assert (spec.family.name, spec.towers, spec.num_experts, spec.vocab_rows) == (family, towers, experts, rows)
+    assert spec.multimodal and spec.language_prefix == "model.language_model"
+    assert spec.text["model_type"] == f"{family}_text"
+
+
+@pytest.mark.parametrize("architecture", ["PaliGemmaForConditionalGeneration", "Gemma3nForConditionalGeneration",
+                                          "Gemma4UnifiedForConditionalGeneration", "MistralForCausalLM"])
+def test_unsupported_architectures_name_what_is_supported(architecture: str, checkpoint_of, tmp_path: Path) -> None:
+    config = json.loads((checkpoint_of("gemma3-mm") / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**config, "architectures": [architecture]}))
+    with pytest.raises(UserError, match=rf"{architecture}.*supported.*Gemma4ForConditionalGeneration"):
+        read_spec(tmp_path)
+
+
+def lora_wrapped(checkpoint: Path, tmp_path: Path, **lora: object):
+    spec = read_spec(checkpoint)
+    model = load_causal_lm(checkpoint, spec)
+    config = run_config(tmp_path, **lora)
+    targets = config.lora.target_modules or list(spec.family.default_lora_targets)
+    return wrap_for_training(model, config, spec.family, targets, None)
+
+
+@pytest.mark.parametrize("kind", MULTIMODAL)
+@pytest.mark.parametrize("targets", [None, "all-linear"])
+def test_lora_goes_on_the_language_model_only(kind: str, targets: str | None, checkpoint_of, tmp_path: Path) -> None:
+    model = lora_wrapped(checkpoint_of(kind), tmp_path, target_modules=targets)
+    adapted = [name for name, module in model.named_modules() if hasattr(module, "lora_A")]
+    assert adapted and all(".language_model." in name for name in adapted)
+    assert not any(".router." in name for name in adapted)  # a MoE router is never trained
+    suffixes = {name.rsplit(".", 1)[-1] for name in adapted}
+    assert suffixes == ({"q_proj", "k_proj", "v_proj", "o_proj"} if targets is None
+                        else suffixes | {"gate_proj", "up_proj", "down_proj"})
+    trainable = [name for name, p in model.named_parameters() if p.requires_grad]
+    assert trainable and all("lora_" in name and ".language_model." in name for name in trainable)
+
+
+@pytest.mark.parametrize("kind", MULTIMODAL)
+def test_supervised_loss_and_gradients_equal_transformers_labels_loss(kind: str, checkpoint_of, tmp_path: Path) -> None:
+    """transformers' own `labels=` loss on the whole multimodal class (its logits soft-capped by text_config's
+    final_logit_softcapping where the kind has one) against ours, which skips unsupervised positions."""
+    model = lora_wrapped(checkpoint_of(kind), tmp_path, target_modules="all-linear").train()
+    torch.manual_seed(0)
+    input_ids = torch.randint(3, 20000, (2, 24))
+    labels = input_ids.clone()
+    labels[:, :9] = -100  # a prompt
+    labels[1, 20:] = -100  # padding
+    attention_mask = torch.ones_like(input_ids)
+    attention_mask[1, 20:] = 0
+    lora_params = [p for p in model.parameters() if p.requires_grad]
+    for p in lora_params:
+        torch.nn.init.normal_(p, std=0.02)  # lora_B starts at zero: give every LoRA weight a gradient path
+
+    base = model.get_base_model()
+    want = base.__class__.forward(base, input_ids=input_ids, attention_mask=attention_mask, labels=labels).loss
+    want_grads = torch.autograd.grad(want, lora_params)
+    got = supervised_loss(model, {"input_ids": input_ids, "attention_mask": attention_mask, "labels": labels}, None)
+    got_grads = torch.autograd.grad(got, lora_params)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    for g, w in zip(got_grads, want_grads):
+        torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-6)
+
+
+def test_the_soft_capping_of_gemma4_lives_in_text_config(checkpoint_of) -> None:
+    """The case the loss must not miss: Gemma 4 caps its logits, and only text_config says so."""
+    config = json.loads((checkpoint_of("gemma4-dense") / "config.json").read_text())
+    assert "final_logit_softcapping" not in config and config["text_config"]["final_logit_softcapping"] == 30.0
+
+
+@pytest.mark.parametrize(("targets", "message"), [
+    (["fc1"], r"fc1 matches no linear layer of the language model \(fc1 only outside"),
+    (["qkv"], r"qkv matches no linear layer of the language model; targetable: down_proj, gate_proj, k_proj"),
+])
+def test_targets_that_match_nothing_in_the_language_model_are_refused(targets: list[str], message: str,
+                                                                      checkpoint_of, tmp_path: Path) -> None:
+    with pytest.raises(UserError, match=message):
+        lora_wrapped(checkpoint_of("gemma3-mm"), tmp_path, target_modules=targets)
