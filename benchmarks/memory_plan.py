@@ -1,6 +1,6 @@
 """The memory planner against measured peaks: `gemmaforge train` on several configs, planned vs measured.
 
-    python benchmarks/memory_plan.py [--steps 6] [--work DIR] [--only NAME ...]
+    python benchmarks/memory_plan.py [--steps 6] [--work DIR] [--only NAME ...] [--kinds]
 
 Each config LoRA-trains the embedded Gemma 3 270M for --steps optimizer steps through the real CLI, in its own
 process. `train` plans its memory right before the model loads (the same plan `gemmaforge plan` prints) and
@@ -10,6 +10,7 @@ both and the error (planned / measured - 1); the planner's target is within +-20
 
 Rows are full (the planner plans for full rows of cutoff_len tokens, the worst batch): packing fills rows from
 the coffee Q&A set; the unpacked configs train on long synthetic conversations truncated to cutoff_len.
+With --kinds the rows are the tiny checkpoints of the multimodal and MoE kinds instead (towers, experts).
 """
 
 from __future__ import annotations
@@ -42,6 +43,30 @@ CONFIGS: dict[str, dict] = {
 }
 
 
+# The tiny checkpoint of each multimodal kind (tests/checkpoint_kinds.py): towers and experts that the plan
+# must count, at sizes where the runtime dominates (the planner's constant terms are what these rows test)
+KINDS = ("gemma3-mm", "gemma4-e2b", "gemma4-moe", "gemma4-dense")
+
+
+def kind_configs(work: Path) -> dict[str, dict]:
+    sys.path.insert(0, str(ROOT))
+    from gemmaforge.models import EMBEDDED_NAME, default_home, resolve_model
+    from tests.checkpoint_kinds import build_checkpoint
+
+    tokenizer = resolve_model(EMBEDDED_NAME, default_home()).path
+    configs = {}
+    for kind in KINDS:
+        folder = work / f"checkpoint-{kind}"
+        if not (folder / "config.json").is_file():
+            build_checkpoint(kind, folder, tokenizer)
+        configs[f"tiny {kind} b4 x 256"] = {"model": str(folder), "train": {"cutoff_len": 256}}
+        if kind == "gemma4-moe":
+            configs[f"tiny {kind} b4 x 256, expert LoRA"] = {
+                "model": str(folder), "train": {"cutoff_len": 256},
+                "lora": {"lora_dropout": 0.0, "target_parameters": ["experts.gate_up_proj", "experts.down_proj"]}}
+    return configs
+
+
 def long_conversations(path: Path, count: int = 120) -> Path:
     """Conversations longer than any cutoff here: each answer strings together many coffee answers."""
     records = json.loads(COFFEE.read_text(encoding="utf-8"))
@@ -56,7 +81,7 @@ def run_config(name: str, spec: dict, work: Path, steps: int) -> dict:
     data = long_conversations(work / "long.json") if spec.get("long") else COFFEE
     config = {
         "output_dir": str(work / name.replace(" ", "_").replace(",", "")),
-        "model": {"name_or_path": "gemma3-270m"},
+        "model": {"name_or_path": spec.get("model", "gemma3-270m")},
         "data": {"path": str(data), "val_size": 8, "clean": {"overlong": "truncate"}},
         "lora": spec.get("lora", {}),
         "train": {"max_steps": steps, "save_strategy": "no", "eval_strategy": "no", "logging_steps": 1,
@@ -75,15 +100,20 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=int, default=6)
     parser.add_argument("--work", type=Path)
-    parser.add_argument("--only", nargs="*", choices=list(CONFIGS))
+    parser.add_argument("--only", nargs="*", help="config names (see CONFIGS, or the tiny kinds with --kinds)")
+    parser.add_argument("--kinds", action="store_true", help="the tiny multimodal and MoE checkpoints instead")
     args = parser.parse_args()
     work = args.work or Path(tempfile.mkdtemp(prefix="gemmaforge-memory-plan-"))
     work.mkdir(parents=True, exist_ok=True)
+    configs = kind_configs(work) if args.kinds else CONFIGS
+    unknown = sorted(set(args.only or ()) - set(configs))
+    if unknown:
+        parser.error(f"unknown config(s) {unknown}; choose from {sorted(configs)}")
     print(f"machine: {platform.processor() or platform.machine()}, python {platform.python_version()}; work: {work}")
     print("| config | precision | planned MiB | measured MiB | error |\n|---|---|---|---|---|")
     worst = 0.0
-    for name in args.only or CONFIGS:
-        row = run_config(name, CONFIGS[name], work, args.steps)
+    for name in args.only or configs:
+        row = run_config(name, configs[name], work, args.steps)
         error = row["planned"] / row["measured"] - 1
         worst = max(worst, abs(error))
         print(f"| {name} | {row['precision']} | {row['planned'] / 2**20:,.0f} | {row['measured'] / 2**20:,.0f} | "

@@ -91,6 +91,10 @@ class LoraSection(Section):
     target_modules: list[str] | Literal["all-linear"] | None = Field(
         None, description="module names, 'all-linear', or None for the family's default (q/k/v/o projections)"
     )
+    target_parameters: list[str] | None = Field(
+        None, description="weights held as parameters, not modules (PEFT's target_parameters): a MoE model's "
+        "experts, e.g. [experts.gate_up_proj, experts.down_proj]; needs lora_dropout 0 and no DoRA"
+    )
     bias: Literal["none", "all", "lora_only"] = "none"
     use_rslora: bool = Field(False, description="scale by lora_alpha / sqrt(r) instead of lora_alpha / r")
     use_dora: bool = Field(False, description="weight-decomposed LoRA (slower steps; merge before GGUF)")
@@ -101,6 +105,15 @@ class LoraSection(Section):
         "Gemma checkpoints never trained them, and through frozen tied embeddings a LoRA alone cannot "
         "learn to emit <end_of_turn>, so answers would never stop",
     )
+
+    @model_validator(mode="after")
+    def _parameter_targets(self) -> LoraSection:
+        """PEFT's LoRA on a parameter (ParamWrapper) has no dropout and no DoRA form."""
+        if self.target_parameters and self.lora_dropout:
+            raise ValueError("target_parameters (expert LoRA) needs lora_dropout: 0 (PEFT cannot apply dropout there)")
+        if self.target_parameters and self.use_dora:
+            raise ValueError("target_parameters (expert LoRA) cannot be combined with use_dora")
+        return self
 
 
 SCHEDULERS = Literal[

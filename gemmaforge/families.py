@@ -76,7 +76,9 @@ FAMILIES: dict[str, Family] = {
         ),
         Family(
             name="gemma4",
-            hf_model_types=("gemma4_text", "gemma4"),
+            # gemma4_unified_text: the text model of Gemma 4 12B Unified, Gemma 4's decoder (llama.cpp converts it as
+            # arch "gemma4"; same tokenizer and chat template)
+            hf_model_types=("gemma4_text", "gemma4", "gemma4_unified_text", "gemma4_unified"),
             gguf_arch="gemma4",
             gguf_norm_shift=False,
             chat=GEMMA4_TURNS,

@@ -1,9 +1,10 @@
 """What every stage needs to know about a checkpoint, read once from its config.json.
 
 A Gemma checkpoint is either a text-only causal LM (`Gemma3ForCausalLM`, ...) or a multimodal one
-(`Gemma3ForConditionalGeneration`, `Gemma4ForConditionalGeneration`) whose language model sits beside
-vision and audio towers. Stages take a `ModelSpec` and never read config.json, unwrap `text_config` or
-compare `model_type` strings themselves.
+(`Gemma3ForConditionalGeneration`, `Gemma4ForConditionalGeneration`, `Gemma4UnifiedForConditionalGeneration`)
+whose language model sits beside vision and audio towers (Gemma 4 Unified: beside linear input projections).
+Stages take a `ModelSpec` and never read config.json, unwrap `text_config` or compare `model_type` strings
+themselves.
 """
 
 from __future__ import annotations
@@ -41,6 +42,11 @@ ARCHITECTURES: dict[str, Architecture] = {
         # modeling_gemma4.py: Gemma4Model holds vision_tower, audio_tower, embed_vision, embed_audio, language_model
         Architecture("Gemma4ForConditionalGeneration", "Gemma 4 (E2B, E4B, 26B-A4B, 31B)", "model.language_model",
                      ("model.vision_tower", "model.audio_tower", "model.embed_vision", "model.embed_audio")),
+        # modeling_gemma4_unified.py: Gemma4UnifiedModel holds language_model, embed_vision (the encoder-free vision
+        # input: patch LayerNorms, patch Linear, position embedding, projection) and embed_audio (RMSNorm -> Linear
+        # over raw waveform frames); no vision or audio tower. Its text model (gemma4_unified_text) is Gemma 4's.
+        Architecture("Gemma4UnifiedForConditionalGeneration", "Gemma 4 12B Unified", "model.language_model",
+                     ("model.embed_vision", "model.embed_audio")),
     )
 }
 
@@ -50,7 +56,6 @@ UNSUPPORTED: dict[str, str] = {
     "Gemma3nForConditionalGeneration": "Gemma 3n (MatFormer, AltUp and Laurel blocks)",
     "Gemma3nForCausalLM": "Gemma 3n (MatFormer, AltUp and Laurel blocks)",
     "RecurrentGemmaForCausalLM": "RecurrentGemma (Griffin recurrence, not a transformer decoder)",
-    "Gemma4UnifiedForConditionalGeneration": "Gemma 4 Unified (not supported yet)",
     "T5GemmaForConditionalGeneration": "T5Gemma (an encoder-decoder)",
 }
 

@@ -86,3 +86,20 @@ def checkpoint_of(tmp_path_factory: pytest.TempPathFactory, embedded_model: Reso
         return built[kind]
 
     return build
+
+
+@pytest.fixture(scope="session")
+def text_gguf_of(checkpoint_of, tmp_path_factory: pytest.TempPathFactory):
+    """kind -> our f16 text GGUF of that kind's tiny checkpoint, written once a session (a Gemma 4 one takes
+    seconds: its 262k-token vocabulary with merges)."""
+    from gemmaforge.export.gguf import write_gguf
+
+    written: dict[str, Path] = {}
+
+    def write(kind: str) -> Path:
+        if kind not in written:
+            folder = tmp_path_factory.mktemp(f"{kind}-gguf")
+            written[kind] = write_gguf(checkpoint_of(kind), folder / f"{checkpoint_of(kind).name}-f16.gguf", "f16")
+        return written[kind]
+
+    return write

@@ -13,6 +13,9 @@ def require_plain_lora(config: dict[str, Any], adapter_dir: Path, *, dora: str, 
     sentence saying why the runtime cannot take them; `instead` is what to do."""
     if config.get("use_dora"):
         raise UserError(f"{adapter_dir} is a DoRA adapter{dora}: {instead}")
+    if config.get("target_parameters"):
+        raise UserError(f"{adapter_dir} adapts expert weights ({', '.join(config['target_parameters'])}){other}: "
+                        f"{instead}")
     if config.get("modules_to_save"):
         raise UserError(f"{adapter_dir} trains whole modules ({', '.join(config['modules_to_save'])}){other}: {instead}")
     if config.get("trainable_token_indices"):

@@ -188,7 +188,27 @@ _HPARAM_WRITERS: dict[str, Callable[[gguf.GGUFWriter, dict[str, Any]], None]] = 
     "gemma2": _gemma2_hparams,
     "gemma3_text": _gemma3_hparams,
     "gemma4_text": _gemma4_hparams,
+    "gemma4_unified_text": _gemma4_hparams,  # Gemma 4 12B Unified's text model is Gemma 4's decoder
 }
+# Architectures whose generation_config.json `suppress_tokens` llama.cpp's converter copies into the text file
+# (Gemma4UnifiedModel: the end-of-audio / end-of-image ids, whose embedding rows carry projected extra embeddings
+# and must never be sampled); llama.cpp's common sampler then never picks them.
+_SUPPRESS_TOKENS_ARCHITECTURES = {"Gemma4UnifiedForConditionalGeneration"}
+_SUPPRESS_TOKENS_KEY = "tokenizer.ggml.suppress_tokens"  # gguf-py's Keys.Tokenizer.SUPPRESS_TOKENS (newer than 0.19)
+
+
+def _suppress_tokens(model_dir: Path) -> list[int] | None:
+    """generation_config.json's `suppress_tokens`, as llama.cpp's Gemma4UnifiedModel reads it (None: none)."""
+    path = model_dir / "generation_config.json"
+    if not path.is_file():
+        return None
+    try:
+        tokens = json.loads(path.read_text(encoding="utf-8")).get("suppress_tokens")
+    except json.JSONDecodeError as exc:
+        raise UserError(f"{path} is not valid JSON: {exc}") from None
+    if tokens is not None and (not isinstance(tokens, list) or not all(isinstance(t, int) for t in tokens)):
+        raise UserError(f"{path}: suppress_tokens must be a list of token ids, not {tokens!r}")
+    return tokens or None  # (an empty list: the converter would fail on it; nothing to suppress)
 
 
 # ---------------------------------------------------------------------------- tensors
@@ -225,7 +245,7 @@ def weight_files(model_dir: Path) -> dict[str, Path]:
 def _tensor_type(gguf_name: str, shape: tuple[int, ...], weights: QType) -> QType:
     """The reference's choice: vectors and norms stay F32; a row that does not fill whole quant
     blocks falls back to F16; everything else (token_embd included) gets the file's type."""
-    if len(shape) <= 1 or gguf_name.endswith("_norm.weight"):
+    if len(shape) <= 1 or gguf_name.endswith(("_norm.weight", "ffn_gate_inp.weight")):  # and a MoE router
         return QType.F32
     if gguf_name == "token_embd.weight":
         weights = _EMBEDDING_FLOOR.get(weights, weights)
@@ -385,7 +405,8 @@ def write_gguf(
 
     out_path.parent.mkdir(parents=True, exist_ok=True)
     check_room(out_path.parent, sum(t.nbytes for t in plan) + _METADATA_ALLOWANCE)
-    extras = {"rope_freqs.weight": _gemma4_rope_freqs(cfg)} if model_type == "gemma4_text" else {}
+    gemma4 = family.gguf_arch == "gemma4"
+    extras = {"rope_freqs.weight": _gemma4_rope_freqs(cfg)} if gemma4 else {}
     with gguf_file(out_path, family.gguf_arch, split) as writer:
         for extra_name, data in extras.items():  # small generated tensors, written first as llama.cpp does
             writer.add_tensor_info(extra_name, data.shape, data.dtype, data.nbytes)
@@ -395,9 +416,12 @@ def write_gguf(
         writer.add_name(name or model_dir.resolve().name)
         writer.add_size_label(gguf.size_label(*writer.get_total_parameter_count()))
         _HPARAM_WRITERS[model_type](writer, cfg)
+        suppress = _suppress_tokens(model_dir) if spec.architecture.name in _SUPPRESS_TOKENS_ARCHITECTURES else None
+        if suppress:
+            writer.add_array(_SUPPRESS_TOKENS_KEY, suppress)
         writer.add_file_type(file_type)
         writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
-        vocab_writer = _gemma4_vocab_to_gguf if model_type == "gemma4_text" else _vocab_to_gguf
+        vocab_writer = _gemma4_vocab_to_gguf if gemma4 else _vocab_to_gguf
         vocab_writer(writer, model_dir, embedding.shape[0], chat_template)
 
         writer.write_header_to_file()

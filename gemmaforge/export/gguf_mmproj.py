@@ -2,10 +2,11 @@
 Ollama load beside the text GGUF.
 
 Writes what llama.cpp's own converter writes with `convert_hf_to_gguf.py DIR --mmproj --outtype f16`
-(`Gemma3VisionModel`, `Gemma4VisionAudioModel` over `MmprojModel`), key for key and tensor for tensor:
-architecture "clip", the towers' sizes, image normalization from the processor files, and each tower
-tensor under its clip name, type and layout. One file holds every tower: the SigLIP vision tower and its
-projector for Gemma 3; the vision tower and, for E2B/E4B, the audio tower with their projectors for Gemma 4.
+(`Gemma3VisionModel`, `Gemma4VisionAudioModel`, `Gemma4UnifiedVisionAudioModel` over `MmprojModel`), key for
+key and tensor for tensor: architecture "clip", the towers' sizes, image normalization from the processor
+files, and each tower tensor under its clip name, type and layout. One file holds every tower: the SigLIP
+vision tower and its projector for Gemma 3; the vision tower and, for E2B/E4B, the audio tower with their
+projectors for Gemma 4; the vision and audio input projections of Gemma 4 Unified (which has no towers).
 Like the text writer (gguf.py) it streams: tensors are planned from the safetensors headers, then loaded,
 converted and written one at a time, and the file appears at `out_path` only once complete.
 """
@@ -59,7 +60,6 @@ def _first(cfg: dict[str, Any], keys: tuple[str, ...], what: str) -> Any:
 class _Gemma3:
     """llama.cpp's Gemma3VisionModel: SigLIP tower + Gemma 3's projector (avg-pool, soft-emb norm, matmul)."""
 
-    audio = False
     suffixes = (".weight", ".bias")
     _PREFIXES = ("multi_modal_projector.", "vision_tower.", "multimodal_projector.", "vision_model.")
 
@@ -74,7 +74,7 @@ class _Gemma3:
             return None  # the SigLIP pooling head (unused by Gemma 3) and the language model
         return hf_name.replace("_weight", ".weight")  # mm_input_projection_weight, a bare parameter
 
-    def prepare(self, name: str) -> tuple[str, Transform]:
+    def prepare(self, name: str, spec: ModelSpec) -> tuple[str, Transform]:
         """(name to map, data transform): the converter's modify_tensors."""
         if "soft_emb_norm.weight" in name:  # Gemma3RMSNorm scales by (1 + w); the SigLIP LayerNorms by w
             return name, lambda data: data + 1
@@ -87,8 +87,12 @@ class _Gemma3:
             return QType.F32
         return None
 
-    def image_size(self, vision: dict[str, Any]) -> int:
-        return _first(vision, ("image_size",), "vision")
+    def tower_hparams(self, spec: ModelSpec) -> tuple[dict[str, Any], dict[str, Any] | None]:
+        """(vision, audio or None): the tower configs as the converter's class sees them."""
+        return spec.tower_configs["vision"], None
+
+    def tensor_name(self, name_map: gguf.TensorNameMap, name: str) -> str | None:
+        return name_map.get_name(name, try_suffixes=self.suffixes)
 
     def name_blocks(self, spec: ModelSpec) -> int:
         """Block numbers the converter's tensor name map covers: the vision tower's layers."""
@@ -110,8 +114,8 @@ class _Gemma4:
     """llama.cpp's Gemma4VisionAudioModel: the vision tower with its projector, and (E2B/E4B) the
     Conformer audio tower with its projector, in one file."""
 
-    audio = True
     suffixes = _GEMMA4_SUFFIXES
+    vision_projector, audio_projector = gguf.VisionProjectorType.GEMMA4V, gguf.VisionProjectorType.GEMMA4A
 
     def source_name(self, hf_name: str) -> str | None:
         # an untied lm_head is the language model's too (the converter would stop at it: "Can not map tensor")
@@ -121,7 +125,7 @@ class _Gemma4:
     def _is_audio(name: str) -> bool:
         return "audio_tower" in name or "embed_audio" in name
 
-    def prepare(self, name: str) -> tuple[str, Transform]:
+    def prepare(self, name: str, spec: ModelSpec) -> tuple[str, Transform]:
         steps: list[Transform] = [lambda d: d.unsqueeze(0) if d.dim() == 0 else d]  # clamp bounds: shape [1]
         if self._is_audio(name):
             name = name.replace("model.audio_tower.", "conformer.").replace(".linear.", ".")
@@ -153,8 +157,18 @@ class _Gemma4:
             return QType.F32
         return None
 
-    def image_size(self, vision: dict[str, Any]) -> int:
-        return 224  # unused by llama.cpp (Gemma 4 takes images of any size); the converter writes 224
+    def tower_hparams(self, spec: ModelSpec) -> tuple[dict[str, Any], dict[str, Any] | None]:
+        # image size 224: unused by llama.cpp (Gemma 4 takes images of any size); the converter writes it
+        vision = {**spec.tower_configs["vision"], "image_size": 224}
+        audio = spec.tower_configs.get("audio")
+        if audio:
+            audio = {**audio, "feat_in": audio.get("input_feat_size", 128)}
+            if "hidden_size" in audio:
+                audio["intermediate_size"] = audio["hidden_size"] * 4  # the Conformer's feed-forward width
+        return vision, audio or None
+
+    def tensor_name(self, name_map: gguf.TensorNameMap, name: str) -> str | None:
+        return name_map.get_name(name, try_suffixes=self.suffixes)
 
     def name_blocks(self, spec: ModelSpec) -> int:
         # the converter's fixed count for classes with two encoders; the numbers cover more than layers
@@ -162,13 +176,90 @@ class _Gemma4:
         return 128
 
     def write_keys(self, w: gguf.GGUFWriter, spec: ModelSpec, processor: dict[str, Any]) -> None:
-        w.add_clip_vision_projector_type(gguf.VisionProjectorType.GEMMA4V)
-        w.add_vision_attention_layernorm_eps(spec.tower_configs["vision"].get("layer_norm_eps", 1e-6))
-        audio = spec.tower_configs.get("audio")
+        vision, audio = self.tower_hparams(spec)
+        w.add_clip_vision_projector_type(self.vision_projector)
+        w.add_vision_attention_layernorm_eps(vision.get("layer_norm_eps", 1e-6))
         if audio:
-            w.add_clip_audio_projector_type(gguf.VisionProjectorType.GEMMA4A)
-            w.add_audio_num_mel_bins(audio.get("input_feat_size", 128))
+            w.add_clip_audio_projector_type(self.audio_projector)
+            w.add_audio_num_mel_bins(audio["feat_in"])
             w.add_audio_attention_layernorm_eps(audio.get("layer_norm_eps", 1e-6))
+
+
+class _Gemma4Unified(_Gemma4):
+    """llama.cpp's Gemma4UnifiedVisionAudioModel (a Gemma4VisionAudioModel): no towers. The vision input is
+    raw 48x48 (tiny: 12x12) HWC pixel patches through LayerNorm -> Linear -> LayerNorm -> + factorised 2D
+    position embedding -> LayerNorm -> RMSNorm (no weight) -> Linear; the audio input raw waveform frames
+    through RMSNorm (no weight) -> Linear. llama.cpp runs the patch Linear as a convolution over CHW input,
+    so its columns (and patch_ln1's entries) are permuted from HWC to CHW order."""
+
+    # "gemma4uv" / "gemma4ua": gguf-py's VisionProjectorType.GEMMA4UV / GEMMA4UA, newer than gguf 0.19
+    vision_projector, audio_projector = "gemma4uv", "gemma4ua"
+    # the embedder's clip names, as the converter's gguf-py maps them (gguf 0.19's map has no entry for them):
+    # V_ENC_EMBD_PATCH, V_ENC_EMBD_PATCH_NORM ("v.patch_norm.{bid}", pos_norm renamed to patch_ln3), V_ENC_EMBD_POS
+    _EMBEDDER = {"model.vision_embedder.patch_dense": "v.patch_embd",
+                 "model.vision_embedder.patch_ln1": "v.patch_norm.1",
+                 "model.vision_embedder.patch_ln2": "v.patch_norm.2",
+                 "model.vision_embedder.patch_ln3": "v.patch_norm.3",
+                 "model.vision_embedder.pos_embedding": "v.position_embd"}
+    # the embedder's module paths in transformers' tree, where the Hub names them model.vision_embedder.*
+    _MODULE_PARTS = tuple(f"model.embed_vision.{part}." for part in ("patch_ln1", "patch_dense", "patch_ln2",
+                                                                     "pos_norm"))
+
+    def source_name(self, hf_name: str) -> str | None:
+        # transformers' module names (model.embed_vision.patch_*, ...multimodal_embedder.embedding_projection)
+        # read as the Hub's, which transformers 5.24 writes back on save (conversion_mapping "gemma4_unified")
+        if hf_name.startswith(self._MODULE_PARTS) or hf_name == "model.embed_vision.pos_embedding":
+            hf_name = hf_name.replace("model.embed_vision.", "model.vision_embedder.", 1)
+        hf_name = hf_name.replace("model.embed_vision.multimodal_embedder.embedding_projection",
+                                  "model.embed_vision.embedding_projection")
+        return super().source_name(hf_name)
+
+    def tower_hparams(self, spec: ModelSpec) -> tuple[dict[str, Any], dict[str, Any] | None]:
+        vision, audio = super().tower_hparams(spec)
+        # transformer-less: the converter writes the embedding widths and zero layers, heads and feed-forward
+        vision = {**vision, "hidden_size": vision["mm_embed_dim"], "intermediate_size": 0, "num_layers": 0,
+                  "num_attention_heads": 0}
+        if audio:
+            audio = {**audio, "hidden_size": audio["audio_embed_dim"], "intermediate_size": 0, "num_layers": 0,
+                     "num_attention_heads": 0}
+        return vision, audio
+
+    def prepare(self, name: str, spec: ModelSpec) -> tuple[str, Transform]:
+        vision = spec.tower_configs["vision"]
+        patch = int(vision.get("model_patch_size") or vision["patch_size"] * vision["pooling_kernel_size"])
+        steps: list[Transform] = []
+        if name.endswith("pos_embedding"):
+            name += ".weight"
+            steps.append(lambda d: d.permute(1, 0, 2).contiguous())  # [positions, 2, dim] -> [2, positions, dim]
+        elif ".pos_norm." in name:
+            name = name.replace(".pos_norm.", ".patch_ln3.")
+        elif "patch_dense.weight" in name:
+            steps.append(lambda d: d[:, _hwc_to_chw(patch, d.device)].contiguous())
+        elif "patch_ln1.weight" in name or "patch_ln1.bias" in name:
+            steps.append(lambda d: d[_hwc_to_chw(patch, d.device)].contiguous())
+        name, rest = super().prepare(name, spec)
+        steps.append(rest)
+
+        def transform(data: torch.Tensor) -> torch.Tensor:
+            for step in steps:
+                data = step(data)
+            return data
+
+        return name, transform
+
+    def tensor_name(self, name_map: gguf.TensorNameMap, name: str) -> str | None:
+        for suffix in self.suffixes:
+            if name.endswith(suffix) and name.removesuffix(suffix) in self._EMBEDDER:
+                return self._EMBEDDER[name.removesuffix(suffix)] + suffix
+        return super().tensor_name(name_map, name)
+
+
+def _hwc_to_chw(patch: int, device: torch.device) -> torch.Tensor:
+    """For each position of a CHW-ordered patch (what llama.cpp's im2col gives), the index of the same pixel
+    channel in the HWC order that transformers' patches use."""
+    i = torch.arange(patch * patch * 3, device=device)
+    channel, row, col = i // (patch * patch), (i % (patch * patch)) // patch, i % patch
+    return row * patch * 3 + col * 3 + channel
 
 
 def _squeeze_depthwise(data: torch.Tensor) -> torch.Tensor:
@@ -187,8 +278,10 @@ def _patch_kernel(data: torch.Tensor) -> torch.Tensor:
 
 
 _Projector = _Gemma3 | _Gemma4
-# family -> how llama.cpp's converter writes its towers
-_PROJECTORS: dict[str, _Projector] = {"gemma3": _Gemma3(), "gemma4": _Gemma4()}
+# architecture -> how llama.cpp's converter writes its towers (its MMPROJ class for that architecture)
+_PROJECTORS: dict[str, _Projector] = {"Gemma3ForConditionalGeneration": _Gemma3(),
+                                      "Gemma4ForConditionalGeneration": _Gemma4(),
+                                      "Gemma4UnifiedForConditionalGeneration": _Gemma4Unified()}
 
 
 # ---------------------------------------------------------------------------- tensors
@@ -249,8 +342,8 @@ def _plan(model_dir: Path, spec: ModelSpec, projector: _Projector) -> list[_Plan
                 if name is None or name.endswith((".attention.masked_bias", ".attention.bias",
                                                   ".rotary_emb.inv_freq")):
                     continue
-                mapped, transform = projector.prepare(name)
-                gguf_name = name_map.get_name(mapped, try_suffixes=projector.suffixes)
+                mapped, transform = projector.prepare(name, spec)
+                gguf_name = projector.tensor_name(name_map, mapped)
                 if gguf_name is None:
                     raise UserError(f"tensor {hf_name} in {path} has no name in llama.cpp's projector (mmproj) "
                                     f"format: not a Gemma {spec.family.name.removeprefix('gemma')} tower tensor")
@@ -331,11 +424,11 @@ def _general_keys(w: gguf.GGUFWriter, model_dir: Path, name: str | None) -> None
 def _tower_keys(w: gguf.GGUFWriter, spec: ModelSpec, projector: _Projector, processor: dict[str, Any]) -> None:
     """MmprojModel's keys: both towers' sizes and the image normalization, then the generation's own."""
     n_embd_text = spec.text["hidden_size"]
-    vision = spec.tower_configs["vision"]
+    vision, audio = projector.tower_hparams(spec)
     w.add_file_type(gguf.LlamaFileType.MOSTLY_F16)
     w.add_clip_has_vision_encoder(True)
     w.add_vision_projection_dim(n_embd_text)
-    w.add_vision_image_size(projector.image_size(vision))
+    w.add_vision_image_size(_first(vision, ("image_size",), "vision"))
     w.add_vision_patch_size(_first(vision, ("patch_size",), "vision"))
     w.add_vision_embedding_length(_first(vision, ("hidden_size", "width", "vt_hidden_size"), "vision"))
     w.add_vision_feed_forward_length(_first(vision, ("intermediate_size", "vt_intermediate_size"), "vision"))
@@ -344,13 +437,11 @@ def _tower_keys(w: gguf.GGUFWriter, spec: ModelSpec, projector: _Projector, proc
                                    "vision"))
     w.add_vision_image_mean(processor["image_mean"])
     w.add_vision_image_std(processor["image_std"])
-    audio = spec.tower_configs.get("audio") if projector.audio else None
     if audio:
         w.add_clip_has_audio_encoder(True)
         w.add_audio_projection_dim(n_embd_text)
-        hidden = _first(audio, ("hidden_size",), "audio")
-        w.add_audio_embedding_length(hidden)
-        w.add_audio_feed_forward_length(hidden * 4)  # Gemma 4's Conformer feed-forward width
+        w.add_audio_embedding_length(_first(audio, ("hidden_size",), "audio"))
+        w.add_audio_feed_forward_length(_first(audio, ("intermediate_size",), "audio"))
         w.add_audio_block_count(_first(audio, _BLOCK_KEYS, "audio"))
         w.add_audio_head_count(_first(audio, ("num_attention_heads",), "audio"))
     projector.write_keys(w, spec, processor)
@@ -368,8 +459,8 @@ def write_mmproj(model_dir: Path, out_path: Path, *, name: str | None = None) ->
     if not spec.multimodal or "vision" not in spec.towers:
         raise UserError(f"{model_dir} holds a text-only checkpoint ({spec.architecture.name}): a projector (mmproj) "
                         "GGUF is written for multimodal Gemma checkpoints with a vision tower "
-                        "(Gemma3ForConditionalGeneration, Gemma4ForConditionalGeneration)")
-    projector = _PROJECTORS.get(spec.family.name)
+                        f"({', '.join(_PROJECTORS)})")
+    projector = _PROJECTORS.get(spec.architecture.name)
     if projector is None:
         raise UserError(f"{model_dir}: no projector GGUF format for {spec.architecture.name}")
     processor = _processor_config(model_dir)

@@ -80,7 +80,8 @@ class ActivationProfile:
 
 
 def text_config(model_config: Any) -> Any:
-    return getattr(model_config, "text_config", None) or model_config
+    """The language model's config (a multimodal checkpoint's text_config), as transformers finds it."""
+    return model_config.get_text_config()
 
 
 def layer_kinds(model_config: Any) -> list[str]:

@@ -55,3 +55,24 @@ def resolve_lora_targets(model: Any, requested: list[str] | str, config_key: str
         return names
     alternatives = "|".join(re.escape(n) for n in names)
     return rf"{re.escape(prefix)}\.(?:.*\.)?(?:{alternatives})"
+
+
+def resolve_lora_parameters(model: Any, requested: list[str], config_key: str = "lora.target_parameters") -> list[str]:
+    """PEFT's `target_parameters` for `requested` (parameter names such as `experts.gate_up_proj`): each must name
+    expert weights of the language model. A router's weights are refused (never trained), and so is a name that
+    matches nothing, with the parameters that can be targeted."""
+    prefix, _ = language_linears(model)
+    experts = sorted({_short(name) for name, p in model.named_parameters()
+                      if name.startswith(f"{prefix}.") and p.dim() == 3 and not _NEVER.search(name)})
+    for name in requested:
+        if _NEVER.search(f".{name}"):
+            raise UserError(f"{config_key}: {name} is a MoE router's weight; the router is never trained")
+        if name not in experts and not any(e.endswith(f".{name}") for e in experts):
+            targetable = ", ".join(experts) if experts else "none: this checkpoint has no experts (no MoE block)"
+            raise UserError(f"{config_key}: {name} matches no expert weight of the language model; targetable: {targetable}")
+    return list(requested)
+
+
+def _short(parameter: str) -> str:
+    """`model.language_model.layers.3.experts.down_proj` -> `experts.down_proj`: the name without its layer."""
+    return parameter.rsplit(".", 2)[-2] + "." + parameter.rsplit(".", 1)[-1]

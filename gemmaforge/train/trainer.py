@@ -24,7 +24,7 @@ from gemmaforge.train.checkpoints import CompleteMarker, keep_metrics_until, las
 from gemmaforge.train.collate import RightPadCollator, tokenize_conversations
 from gemmaforge.train.dropout import use_byte_mask_dropout
 from gemmaforge.train.geglu import use_recomputed_gelu
-from gemmaforge.train.lora_targets import resolve_lora_targets
+from gemmaforge.train.lora_targets import resolve_lora_parameters, resolve_lora_targets
 from gemmaforge.train.loss import NonFiniteLoss, SupervisedLossTrainer, install_supervised_forward, peak_memory_bytes
 from gemmaforge.train.packing import PackedCollator, pack_examples
 from gemmaforge.train.preflight import preflight
@@ -66,6 +66,7 @@ def wrap_for_training(model: Any, config: RunConfig, family: Family, targets: li
         multimodal = model.config.get_text_config() is not model.config
         model.set_attn_implementation(text_attention(multimodal, packed_attention.register()))  # each example alone
     targets = resolve_lora_targets(model, targets)  # the language model only, never a tower or router
+    parameters = resolve_lora_parameters(model, config.lora.target_parameters) if config.lora.target_parameters else None
     if config.model.load_in_4bit:
         model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=config.train.gradient_checkpointing)
     lora = config.lora
@@ -77,6 +78,7 @@ def wrap_for_training(model: Any, config: RunConfig, family: Family, targets: li
             lora_alpha=lora.lora_alpha,
             lora_dropout=lora.lora_dropout,
             target_modules=targets,
+            target_parameters=parameters,
             bias=lora.bias,
             use_rslora=lora.use_rslora,
             use_dora=lora.use_dora,
@@ -294,11 +296,9 @@ def check_memory(config: RunConfig, base: ResolvedModel, precision: str) -> Plan
 
 
 def head_dim(base: ResolvedModel) -> int:
-    from transformers import AutoConfig
-
-    cfg = AutoConfig.from_pretrained(base.path)
-    cfg = getattr(cfg, "text_config", None) or cfg
-    return getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    """The (sliding layers') head size: what SDPA's kernel choice depends on."""
+    text = base.spec.text
+    return text.get("head_dim") or text["hidden_size"] // text["num_attention_heads"]
 
 
 def adapter_checksum(model: Any) -> str:

@@ -6,6 +6,7 @@ from the text GGUF."""
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import numpy as np
@@ -20,7 +21,7 @@ from tests.integration.test_llama_cpp_gguf import PROMPT, load, relative_error
 
 pytestmark = pytest.mark.integration
 
-MULTIMODAL = ("gemma3-mm", "gemma4-e2b", "gemma4-moe", "gemma4-dense")
+MULTIMODAL = ("gemma3-mm", "gemma4-e2b", "gemma4-moe", "gemma4-dense", "gemma4-unified")
 PROCESSOR_FILES = ("preprocessor_config.json", "processor_config.json")
 
 
@@ -39,6 +40,8 @@ def trained(request: pytest.FixtureRequest, checkpoint_of, tmp_path_factory: pyt
     tmp = tmp_path_factory.mktemp(f"run-{kind}")
     config = write_config(tmp, checkpoint, max_steps=2, save_steps=2)
     overrides = ["export.gguf=[f16]", "eval.retention=false", "eval.num_samples=2", "eval.max_new_tokens=8"]
+    if kind == "gemma4-moe":  # expert LoRA beside the default attention LoRA (write_config has no dropout)
+        overrides.append("lora.target_parameters=[experts.gate_up_proj,experts.down_proj]")
     assert main(["run", str(config), *overrides]) == 0
     return kind, checkpoint, tmp / "run"
 
@@ -58,21 +61,65 @@ def test_merged_is_the_whole_checkpoint_with_towers_unchanged(trained) -> None:
     assert towers and set(towers) <= set(after) and set(after) <= set(before)
     for name in towers:
         assert after[name].dtype == before[name].dtype and torch.equal(after[name], before[name]), name
-    adapted = [n for n in before if n.endswith("q_proj.weight") and text_weight_name(spec, n) is not None]
-    assert adapted and not any(torch.equal(after[n], before[n]) for n in adapted)  # the LoRA delta was merged
+    adapted = [n for n in before if n.endswith(("q_proj.weight", "experts.gate_up_proj", "experts.down_proj"))
+               and text_weight_name(spec, n) is not None]
+    assert adapted and not any(torch.equal(after[n], before[n]) for n in adapted)  # the LoRA deltas were merged
+    assert any("experts" in n for n in adapted) == (kind == "gemma4-moe")
+
+
+def test_merged_computes_what_base_plus_adapter_computes(trained) -> None:
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    _, checkpoint, run = trained
+    tokens = torch.tensor([[2, 9413, 563, 1694, 5192, 236881, 107]])
+    with torch.no_grad():
+        merged = AutoModelForCausalLM.from_pretrained(run / "merged", dtype=torch.float32).eval()(tokens).logits
+        base = AutoModelForCausalLM.from_pretrained(checkpoint, dtype=torch.float32)
+        unmerged = PeftModel.from_pretrained(base, run / "adapter").eval()(tokens).logits
+    torch.testing.assert_close(merged, unmerged, rtol=1e-4, atol=1e-4)
+
+
+def unified_image_inputs(image, merged: Path) -> dict[str, torch.Tensor]:
+    """What Gemma4UnifiedImageProcessor makes of `image` with the merged folder's processor settings, built by hand:
+    that processor has only a torchvision backend, and torchvision is not installed here. As its _preprocess:
+    resize keeping the aspect ratio to at most max_soft_tokens model patches of (patch_size x pooling_kernel_size)
+    pixels a side (PIL bicubic here, torchvision's there), rescale to [0, 1] (no normalization), cut into model
+    patches row by row, each flattened in HWC order (what its 16 px patches merged 3 x 3 give), with (x, y)
+    positions, padded to max_soft_tokens with zero patches at (-1, -1)."""
+    settings = json.loads((merged / "processor_config.json").read_text())["image_processor"]
+    patch, pool, max_soft = settings["patch_size"], settings["pooling_kernel_size"], settings["max_soft_tokens"]
+    side = patch * pool
+    factor = math.sqrt(max_soft * pool**2 * patch**2 / (image.height * image.width))
+    height = math.floor(factor * image.height / side) * side
+    width = math.floor(factor * image.width / side) * side
+    pixels = np.asarray(image.convert("RGB").resize((width, height), resample=settings["resample"]), dtype=np.float32)
+    pixels = pixels * settings["rescale_factor"]
+    rows, cols = height // side, width // side
+    patches = pixels.reshape(rows, side, cols, side, 3).transpose(0, 2, 1, 3, 4).reshape(rows * cols, side * side * 3)
+    positions = np.array([(x, y) for y in range(rows) for x in range(cols)])
+    pixel_values = np.zeros((1, max_soft, side * side * 3), dtype=np.float32)
+    position_ids = np.full((1, max_soft, 2), -1, dtype=np.int64)
+    pixel_values[0, :rows * cols], position_ids[0, :rows * cols] = patches, positions
+    return {"pixel_values": torch.from_numpy(pixel_values), "image_position_ids": torch.from_numpy(position_ids),
+            "num_soft_tokens_per_image": torch.tensor([rows * cols])}
 
 
 def test_merged_reloads_and_an_image_still_goes_through(trained) -> None:
     """The merged folder's image processor (PIL backend: Gemma 4's full processor also wants torchvision for
-    video) and model take an image, placed as the processors place it: <boi>, one placeholder per soft token, <eoi>."""
+    video; Gemma 4 Unified's inputs are built by hand, see unified_image_inputs) and model take an image, placed
+    as the processors place it: <boi>, one placeholder per soft token, <eoi>."""
     from PIL import Image
     from transformers import AutoImageProcessor, AutoModelForImageTextToText
 
-    _, _, run = trained
+    kind, _, run = trained
     merged = run / "merged"
     spec = read_spec(merged)
     image = Image.fromarray(np.random.default_rng(0).integers(0, 255, (48, 64, 3), dtype=np.uint8))
-    images = AutoImageProcessor.from_pretrained(merged, backend="pil")(images=[image], return_tensors="pt")
+    if kind == "gemma4-unified":
+        images = unified_image_inputs(image, merged)
+    else:
+        images = AutoImageProcessor.from_pretrained(merged, backend="pil")(images=[image], return_tensors="pt")
     config = json.loads((merged / "config.json").read_text())
     soft_tokens = int(images.pop("num_soft_tokens_per_image")[0]) if "num_soft_tokens_per_image" in images \
         else config["mm_tokens_per_image"]  # Gemma 4 sizes by the image, Gemma 3 has a fixed count
@@ -103,3 +150,68 @@ def test_llama_cpp_computes_what_the_merged_model_computes(trained) -> None:
     assert froms == ["FROM ../gguf/model-f16.gguf", "FROM ../gguf/mmproj-f16.gguf"]  # text, then the projector
     assert (run / "gguf" / "mmproj-f16.gguf").is_file()
     assert json.loads((run / "manifest.json").read_text())["stages"]["export_gguf"]["status"] == "done"
+    if kind == "gemma4-unified":  # the merged generation_config.json keeps suppress_tokens, and the text file has them
+        import gguf
+
+        assert json.loads((merged / "generation_config.json").read_text())["suppress_tokens"] == [258883, 258882]
+        suppress = gguf.GGUFReader(run / "gguf" / "model-f16.gguf").fields["tokenizer.ggml.suppress_tokens"]
+        assert suppress.contents() == [258883, 258882]
+
+
+def test_serve_answers_from_the_run_and_its_gguf(trained) -> None:
+    """`gemmaforge serve` on the run (base + adapter, transformers) and on its text GGUF (llama.cpp), asked
+    through the official ollama client: the adapter's answer is PEFT's own greedy generation."""
+    import ollama
+
+    kind, _, run = trained
+    if kind not in ("gemma3-mm", "gemma4-e2b"):  # the serving path is one for every kind: two are enough
+        pytest.skip("served for gemma3-mm and gemma4-e2b (its audio tower, eager attention)")
+
+    from gemmaforge.models import default_home
+    from gemmaforge.serve.server import ServeOptions, background_server, load_registry
+    from tests.integration.test_serve import reference_answer
+
+    options = ServeOptions(max_batch=4, max_queue=8, dtype="fp32")
+    registry = load_registry([f"tuned={run}", f"gguf={run / 'gguf' / 'model-f16.gguf'}"], options, default_home())
+    messages = [{"role": "user", "content": "What is a flat white?"}]
+    try:
+        with background_server(registry, options) as url:
+            client = ollama.Client(host=url)
+            tuned = client.chat(model="tuned", messages=messages, options={"temperature": 0, "num_predict": 8})
+            assert tuned.message.content == reference_answer(registry, "tuned", messages, 8)
+            gguf = client.chat(model="gguf", messages=messages, options={"temperature": 0, "num_predict": 8})
+            assert gguf.done and gguf.eval_count >= 1
+    finally:
+        registry.close()
+
+
+def test_export_gguf_of_a_multimodal_folder_writes_text_and_projector(checkpoint_of, tmp_path: Path) -> None:
+    """`gemmaforge export gguf PATH` on a Hugging Face folder not trained here, as downloaded from the Hub."""
+    import shutil
+
+    folder = shutil.copytree(checkpoint_of("gemma3-mm"), tmp_path / "gemma-3-4b-it")
+    assert main(["export", "gguf", str(folder)]) == 0
+    assert (folder / "gemma-3-4b-it-f16.gguf").is_file() and (folder / "mmproj-gemma-3-4b-it-f16.gguf").is_file()
+
+
+def test_moe_goes_through_the_k_quantizer(text_gguf_of, tmp_path: Path) -> None:
+    """26B-A4B's experts through llama.cpp's own quantizer (q4_k_m), the router kept exact, the file loaded."""
+    import gguf
+
+    from gemmaforge.export.quantize import llama_cpp_quantize
+    from tests.integration.test_llama_cpp_gguf import greedy
+
+    quantized = llama_cpp_quantize(text_gguf_of("gemma4-moe"), tmp_path / "model-q4_k_m.gguf", "q4_k_m")
+    types = {t.name: t.tensor_type.name for t in gguf.GGUFReader(quantized).tensors}
+    assert types["blk.0.ffn_gate_inp.weight"] == "F32"  # the router stays exact, as llama.cpp keeps it
+    assert len(greedy(load(quantized), [2, 9413, 563, 1694, 5192], 4)) == 4
+
+
+def test_export_vllm_serves_the_merged_folder_and_names_what_an_adapter_lacks(trained, capsys) -> None:
+    kind, _, run = trained
+    assert main(["export", "vllm", str(run)]) == 0
+    assert str((run / "merged").resolve()) in (run / "vllm" / "serve.sh").read_text()
+    # these runs train the chat-marker rows (the default), and the MoE run its experts: neither has a vLLM LoRA form
+    assert main(["export", "vllm", str(run), "--adapter"]) == 2
+    reason = "adapts expert weights" if kind == "gemma4-moe" else "trains the chat-marker embedding rows"
+    assert reason in capsys.readouterr().err

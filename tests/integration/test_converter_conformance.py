@@ -51,7 +51,9 @@ def converter(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out / root
 
 
-def convert_both(converter: Path, checkpoint: Path, tmp_path: Path) -> tuple[gguf.GGUFReader, gguf.GGUFReader]:
+def convert_both(converter: Path, checkpoint: Path, tmp_path: Path,
+                 ours: Path | None = None) -> tuple[gguf.GGUFReader, gguf.GGUFReader]:
+    """(our f16 file, or `ours` when already written; the converter's) for `checkpoint`."""
     reference = tmp_path / "reference-f16.gguf"
     proc = subprocess.run(
         [sys.executable, "convert_hf_to_gguf.py", str(checkpoint), "--outtype", "f16", "--outfile", str(reference)],
@@ -59,7 +61,8 @@ def convert_both(converter: Path, checkpoint: Path, tmp_path: Path) -> tuple[ggu
         capture_output=True, text=True,
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
-    return gguf.GGUFReader(write_gguf(checkpoint, tmp_path / "ours-f16.gguf", "f16")), gguf.GGUFReader(reference)
+    ours = ours or write_gguf(checkpoint, tmp_path / "ours-f16.gguf", "f16")
+    return gguf.GGUFReader(ours), gguf.GGUFReader(reference)
 
 
 def assert_same_file(ours: gguf.GGUFReader, theirs: gguf.GGUFReader, arch: str, allowed: set[str]) -> None:
@@ -95,14 +98,15 @@ def test_gemma4_f16_equals_llama_cpps_converter(converter: Path, embedded_model,
 
 
 # E2B's and 31B's text models are the text-only Gemma 4 above (per-layer inputs, shared KV) inside the multimodal
-# class; the two kinds here add what is new: towers to leave out, the 262,208-row embedding, the MoE block
-@pytest.mark.parametrize("kind", ["gemma3-mm", "gemma4-moe"])
-def test_multimodal_text_model_equals_llama_cpps_converter(kind: str, converter: Path, checkpoint_of,
+# class; the kinds here add what is new: towers to leave out, the 262,208-row embedding, the MoE block, and Unified's
+# input projections to leave out and suppress_tokens (its Gemma 4 decoder is 31B's: K = V full layers)
+@pytest.mark.parametrize("kind", ["gemma3-mm", "gemma4-moe", "gemma4-unified"])
+def test_multimodal_text_model_equals_llama_cpps_converter(kind: str, converter: Path, checkpoint_of, text_gguf_of,
                                                            tmp_path: Path) -> None:
     """The text file of each multimodal kind (towers left to the projector file, the 262,208-row Gemma 3
     embedding, Gemma 4's MoE experts and router scales) against the converter's, tensor for tensor. The
     Gemma 3 vocabulary differs by design as above; Gemma 4's is compared too."""
-    ours, theirs = convert_both(converter, checkpoint_of(kind), tmp_path)
+    ours, theirs = convert_both(converter, checkpoint_of(kind), tmp_path, text_gguf_of(kind))
     family = "gemma3" if kind.startswith("gemma3") else "gemma4"
     # The converter also copies generation_config.json's sampling into general.sampling.*; the text file leaves
     # sampling to the runtime (the Modelfile's PARAMETERs, the server's request options).
@@ -111,3 +115,5 @@ def test_multimodal_text_model_equals_llama_cpps_converter(kind: str, converter:
     if kind == "gemma4-moe":
         assert ours.fields["gemma4.expert_count"].contents() == 4
         assert "blk.0.ffn_gate_up_exps.weight" in {t.name for t in ours.tensors}
+    if kind == "gemma4-unified":  # the end-of-audio and end-of-image ids, never sampled
+        assert ours.fields["tokenizer.ggml.suppress_tokens"].contents() == [258883, 258882]

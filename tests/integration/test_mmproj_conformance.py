@@ -1,10 +1,11 @@
 """Our projector GGUF (mmproj) against llama.cpp's own `convert_hf_to_gguf.py --mmproj`, and in llama.cpp's mtmd.
 
 For each multimodal checkpoint kind (tests/checkpoint_kinds.py: Gemma 3 4B-27B, Gemma 4 E2B/E4B with vision and
-audio, Gemma 4 26B-A4B and 31B with vision only) the f16 mmproj must be the converter's file: every key (general.*
-included, in the same order and with the same types), every tensor (names, order, types, shapes, data), down to
-the bytes. Then llama.cpp (llama-cpp-python's libmtmd) loads it beside our text GGUF and encodes an image (and a
-second of audio for E2B) with it.
+audio, Gemma 4 26B-A4B and 31B with vision only, Gemma 4 12B Unified with its vision and audio input projections)
+the f16 mmproj must be the converter's file: every key (general.* included, in the same order and with the same
+types), every tensor (names, order, types, shapes, data), down to the bytes. Then llama.cpp (llama-cpp-python's
+libmtmd) loads it beside our text GGUF and encodes an image (and a second of audio for E2B and Unified) with it;
+for Unified, whose projector has no tower to hide a mistake in, the image embeddings equal transformers'.
 """
 
 from __future__ import annotations
@@ -18,17 +19,15 @@ import gguf
 import numpy as np
 import pytest
 
-from gemmaforge.errors import UserError
-from gemmaforge.export.gguf import write_gguf
 from gemmaforge.export.gguf_mmproj import write_mmproj
 from tests.integration.test_converter_conformance import assert_same_file, converter  # noqa: F401 (fixture)
 
 pytestmark = pytest.mark.integration
 llama_cpp = pytest.importorskip("llama_cpp")
 
-# kind -> towers; gemma4-unified is left out: gemmaforge does not support Gemma 4 Unified (test below)
+# kind -> towers
 KINDS = {"gemma3-mm": ("vision",), "gemma4-e2b": ("vision", "audio"), "gemma4-moe": ("vision",),
-         "gemma4-dense": ("vision",)}
+         "gemma4-dense": ("vision",), "gemma4-unified": ("vision", "audio")}
 
 
 @pytest.fixture(scope="module")
@@ -82,10 +81,69 @@ def test_gemma3_as_transformers_saves_it_gives_the_same_projector(checkpoint_of,
     assert a.read_bytes() == b.read_bytes()
 
 
-def test_gemma4_unified_is_refused(checkpoint_of, tmp_path: Path) -> None:
-    with pytest.raises(UserError, match="Unified"):
-        write_mmproj(checkpoint_of("gemma4-unified"), tmp_path / "mmproj.gguf")
-    assert not (tmp_path / "mmproj.gguf").exists()
+def test_gemma4_unified_with_transformers_module_names_gives_the_same_projector(checkpoint_of, mmproj_of,
+                                                                              tmp_path: Path) -> None:
+    """The Hub names Unified's vision embedder model.vision_embedder.* and its projection
+    model.embed_vision.embedding_projection; transformers' module tree has model.embed_vision.{patch_*, pos_*,
+    multimodal_embedder.embedding_projection} (transformers 5.24 saves the Hub's names back). A folder saved under the
+    module names gives the same file."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    original = checkpoint_of("gemma4-unified")
+    folder = shutil.copytree(original, tmp_path / original.name)  # the same name: the same general.* keys
+    renamed = {}
+    for name, value in load_file(folder / "model.safetensors").items():
+        name = name.replace("model.vision_embedder.", "model.embed_vision.")
+        renamed[name.replace("model.embed_vision.embedding_projection",
+                             "model.embed_vision.multimodal_embedder.embedding_projection")] = value
+    assert "model.embed_vision.patch_dense.weight" in renamed
+    save_file(renamed, folder / "model.safetensors", metadata={"format": "pt"})
+    ours = write_mmproj(folder, tmp_path / "mmproj.gguf")
+    assert ours.read_bytes() == mmproj_of("gemma4-unified").read_bytes()
+
+
+def test_gemma4_unified_projector_computes_what_transformers_computes(checkpoint_of, mmproj_of,
+                                                                      text_gguf_of) -> None:
+    """Unified has no vision tower: llama.cpp runs its patch LayerNorm -> Linear on CHW-ordered pixels (hence the
+    converter's HWC -> CHW permutation of patch_ln1 and patch_dense), LayerNorm, the x and y position embeddings,
+    LayerNorm, RMSNorm, projection. An image of exactly 70 model patches (7 x 10 of 12 px: neither side resizes it)
+    gives transformers' soft tokens, within f16 weights."""
+    import torch
+    from llama_cpp import mtmd_cpp as mtmd
+    from PIL import Image
+    from transformers import Gemma4UnifiedForConditionalGeneration
+
+    from tests.integration.test_checkpoint_kinds_end_to_end import unified_image_inputs
+
+    checkpoint = checkpoint_of("gemma4-unified")
+    rgb = np.random.default_rng(0).integers(0, 256, size=(84, 120, 3), dtype=np.uint8)
+    inputs = unified_image_inputs(Image.fromarray(rgb), checkpoint)
+    assert int(inputs["num_soft_tokens_per_image"][0]) == 70
+    model = Gemma4UnifiedForConditionalGeneration.from_pretrained(checkpoint, dtype=torch.float32).eval()
+    with torch.no_grad():
+        want = model.get_image_features(inputs["pixel_values"], inputs["image_position_ids"]).pooler_output[0].numpy()
+
+    text = text_gguf_of("gemma4-unified")
+    llm = llama_cpp.Llama(model_path=str(text), n_ctx=256, n_threads=2, verbose=False)
+    params = mtmd.mtmd_context_params_default()
+    params.use_gpu, params.n_threads, params.print_timings, params.warmup = False, 2, False, False
+    ctx = mtmd.mtmd_init_from_file(str(mmproj_of("gemma4-unified")).encode(), llm.model, params)
+    assert ctx, "llama.cpp refused the projector file (see its log on stderr)"
+    try:
+        image = mtmd.mtmd_bitmap_init(120, 84, rgb.ctypes.data_as(ctypes.POINTER(ctypes.c_uint8)))
+        try:
+            got = _encode(mtmd, ctx, image, llama_cpp.llama_model_n_embd(llm.model))
+        finally:
+            mtmd.mtmd_bitmap_free(image)
+    finally:
+        mtmd.mtmd_free(ctx)
+        llm.close()
+    assert got.shape == want.shape
+    error = float(np.linalg.norm(got - want) / np.linalg.norm(want))
+    print(f"gemma4-unified: image embeddings relative error {error:.2e}")
+    assert error < 1e-2
 
 
 def _encode(mtmd, ctx, bitmap, n_embd: int) -> np.ndarray:
@@ -109,11 +167,10 @@ def _encode(mtmd, ctx, bitmap, n_embd: int) -> np.ndarray:
 
 
 @pytest.mark.parametrize("kind", KINDS)
-def test_llama_cpp_loads_the_projector_beside_the_text_model(kind: str, checkpoint_of, mmproj_of,
-                                                             tmp_path: Path) -> None:
+def test_llama_cpp_loads_the_projector_beside_the_text_model(kind: str, mmproj_of, text_gguf_of) -> None:
     from llama_cpp import mtmd_cpp as mtmd
 
-    text = write_gguf(checkpoint_of(kind), tmp_path / "model-f16.gguf", "f16")
+    text = text_gguf_of(kind)
     llm = llama_cpp.Llama(model_path=str(text), vocab_only=False, n_ctx=256, n_threads=2, verbose=False)
     params = mtmd.mtmd_context_params_default()
     params.use_gpu, params.n_threads, params.print_timings, params.warmup = False, 2, False, False

@@ -16,7 +16,7 @@ from gemmaforge.models import load_causal_lm
 from gemmaforge.train.loss import supervised_loss
 from gemmaforge.train.trainer import wrap_for_training
 
-MULTIMODAL = ("gemma3-mm", "gemma4-e2b", "gemma4-moe", "gemma4-dense")  # gemma4-unified: not supported yet
+MULTIMODAL = ("gemma3-mm", "gemma4-e2b", "gemma4-moe", "gemma4-dense", "gemma4-unified")
 
 
 def run_config(tmp_path: Path, **lora: object) -> RunConfig:
@@ -24,22 +24,24 @@ def run_config(tmp_path: Path, **lora: object) -> RunConfig:
                      lora={"r": 4, "lora_alpha": 8, "lora_dropout": 0.0, **lora}, train={"packing": False})
 
 
-@pytest.mark.parametrize(("kind", "family", "towers", "experts", "rows"), [
-    ("gemma3-mm", "gemma3", ("vision",), 0, 262208),  # 262144 text tokens + 64 rows (convert_gemma3_weights.py)
-    ("gemma4-e2b", "gemma4", ("vision", "audio"), 0, 262144),
-    ("gemma4-moe", "gemma4", ("vision",), 4, 262144),
-    ("gemma4-dense", "gemma4", ("vision",), 0, 262144),
+@pytest.mark.parametrize(("kind", "family", "towers", "experts", "rows", "text_type"), [
+    ("gemma3-mm", "gemma3", ("vision",), 0, 262208, "gemma3_text"),  # 262144 + 64 rows (convert_gemma3_weights.py)
+    ("gemma4-e2b", "gemma4", ("vision", "audio"), 0, 262144, "gemma4_text"),
+    ("gemma4-moe", "gemma4", ("vision",), 4, 262144, "gemma4_text"),
+    ("gemma4-dense", "gemma4", ("vision",), 0, 262144, "gemma4_text"),
+    # encoder-free: "vision" and "audio" are its input projections (vision_config, audio_config), Gemma 4's decoder
+    ("gemma4-unified", "gemma4", ("vision", "audio"), 0, 262144, "gemma4_unified_text"),
 ])
-def test_the_spec_reads_each_kind_once(kind: str, family: str, towers: tuple, experts: int, rows: int,
+def test_the_spec_reads_each_kind_once(kind: str, family: str, towers: tuple, experts: int, rows: int, text_type: str,
                                        checkpoint_of) -> None:
     spec = read_spec(checkpoint_of(kind))
     assert (spec.family.name, spec.towers, spec.num_experts, spec.vocab_rows) == (family, towers, experts, rows)
     assert spec.multimodal and spec.language_prefix == "model.language_model"
-    assert spec.text["model_type"] == f"{family}_text"
+    assert spec.text["model_type"] == text_type
 
 
 @pytest.mark.parametrize("architecture", ["PaliGemmaForConditionalGeneration", "Gemma3nForConditionalGeneration",
-                                          "Gemma4UnifiedForConditionalGeneration", "MistralForCausalLM"])
+                                          "T5GemmaForConditionalGeneration", "MistralForCausalLM"])
 def test_unsupported_architectures_name_what_is_supported(architecture: str, checkpoint_of, tmp_path: Path) -> None:
     config = json.loads((checkpoint_of("gemma3-mm") / "config.json").read_text())
     (tmp_path / "config.json").write_text(json.dumps({**config, "architectures": [architecture]}))
@@ -109,3 +111,44 @@ def test_targets_that_match_nothing_in_the_language_model_are_refused(targets: l
                                                                       checkpoint_of, tmp_path: Path) -> None:
     with pytest.raises(UserError, match=message):
         lora_wrapped(checkpoint_of("gemma3-mm"), tmp_path, target_modules=targets)
+
+
+def test_expert_lora_adapts_the_experts_and_never_the_router(checkpoint_of, tmp_path: Path) -> None:
+    """26B-A4B: attention LoRA by default, the experts' stacked weights through PEFT's parameter targets on request;
+    the loss still equals transformers' own."""
+    model = lora_wrapped(checkpoint_of("gemma4-moe"), tmp_path, lora_dropout=0.0,
+                         target_parameters=["experts.gate_up_proj", "experts.down_proj"]).train()
+    trainable = {name for name, p in model.named_parameters() if p.requires_grad}
+    assert any(".experts." in name for name in trainable) and not any(".router." in name for name in trainable)
+    assert any(".self_attn.q_proj.lora_A." in name for name in trainable)  # the default targets stay
+    input_ids = torch.randint(3, 20000, (1, 16))
+    labels = input_ids.clone()
+    labels[:, :5] = -100
+    for p in model.parameters():
+        if p.requires_grad:
+            torch.nn.init.normal_(p, std=0.02)
+    base = model.get_base_model()
+    want = base.__class__.forward(base, input_ids=input_ids, labels=labels).loss
+    got = supervised_loss(model, {"input_ids": input_ids, "attention_mask": torch.ones_like(input_ids), "labels": labels}, None)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize(("kind", "parameters", "message"), [
+    ("gemma4-dense", ["experts.down_proj"], "matches no expert weight of the language model; targetable: none: "
+                                            "this checkpoint has no experts"),
+    ("gemma4-moe", ["router.per_expert_scale"], "is a MoE router's weight; the router is never trained"),
+    ("gemma4-moe", ["experts.up_proj"], "targetable: experts.down_proj, experts.gate_up_proj"),
+])
+def test_bad_expert_targets_are_refused(kind: str, parameters: list[str], message: str, checkpoint_of,
+                                        tmp_path: Path) -> None:
+    with pytest.raises(UserError, match=message):
+        lora_wrapped(checkpoint_of(kind), tmp_path, lora_dropout=0.0, target_parameters=parameters)
+
+
+def test_expert_lora_needs_no_dropout(tmp_path: Path) -> None:
+    from gemmaforge.config import load_config
+
+    path = tmp_path / "c.yaml"
+    path.write_text("output_dir: x\ndata: {path: d.json}\nlora: {target_parameters: [experts.down_proj]}\n")
+    with pytest.raises(UserError, match="lora.*target_parameters \\(expert LoRA\\) needs lora_dropout: 0"):
+        load_config(path)
