@@ -142,12 +142,7 @@ class _Gemma4:
             if name.endswith("patch_embedder.input_proj.weight"):
                 steps.append(_patch_kernel)
 
-        def transform(data: torch.Tensor) -> torch.Tensor:
-            for step in steps:
-                data = step(data)
-            return data
-
-        return name, transform
+        return name, _chain(steps)
 
     def forced_type(self, name: str) -> QType | None:
         # (sic: `and` binds first, as in the converter: any audio ".conv" tensor, or "_conv" weights)
@@ -240,12 +235,7 @@ class _Gemma4Unified(_Gemma4):
         name, rest = super().prepare(name, spec)
         steps.append(rest)
 
-        def transform(data: torch.Tensor) -> torch.Tensor:
-            for step in steps:
-                data = step(data)
-            return data
-
-        return name, transform
+        return name, _chain(steps)
 
     def tensor_name(self, name_map: gguf.TensorNameMap, name: str) -> str | None:
         for suffix in self.suffixes:
@@ -260,6 +250,17 @@ def _hwc_to_chw(patch: int, device: torch.device) -> torch.Tensor:
     i = torch.arange(patch * patch * 3, device=device)
     channel, row, col = i // (patch * patch), (i % (patch * patch)) // patch, i % patch
     return row * patch * 3 + col * 3 + channel
+
+
+def _chain(steps: list[Transform]) -> Transform:
+    """The transforms applied one after the other."""
+
+    def transform(data: torch.Tensor) -> torch.Tensor:
+        for step in steps:
+            data = step(data)
+        return data
+
+    return transform
 
 
 def _squeeze_depthwise(data: torch.Tensor) -> torch.Tensor:
