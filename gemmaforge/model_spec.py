@@ -95,18 +95,6 @@ class ModelSpec:
     def language_prefix(self) -> str:
         return self.architecture.language_prefix
 
-    @property
-    def tower_prefixes(self) -> tuple[str, ...]:
-        return self.architecture.tower_prefixes
-
-    def describe(self) -> str:
-        parts = [self.architecture.kind]
-        if self.towers:
-            parts.append(f"towers: {', '.join(self.towers)}")
-        if self.num_experts:
-            parts.append(f"{self.num_experts} experts")
-        return "; ".join(parts)
-
 
 _TOWER_CONFIGS = {"vision_config": "vision", "audio_config": "audio"}
 _TOKEN_ID_KEYS = ("image_token_id", "image_token_index", "boi_token_id", "boi_token_index", "eoi_token_id",
