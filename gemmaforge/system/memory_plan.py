@@ -8,8 +8,8 @@ The peak is the sum of terms that are each counted, not guessed:
   cutoff_len tokens (the worst batch); with gradient checkpointing, the layers' inputs;
 * backward: while a layer's backward runs, its gradients take about what it kept (with gradient
   checkpointing, its recomputed activations as well);
-* logits: one chunk of logits_chunk_size supervised positions x the vocabulary, in fp32 with its softmax and
-  its gradient in the training dtype;
+* logits: one chunk of logits_chunk_size supervised positions x the vocabulary, as the fused loss holds it at
+  its peak (logit_bytes);
 * runtime: on the CPU, this process's resident memory before the model loads (interpreter, libraries,
   tokenizer, data). Loading has its own peak there: the checkpoint file mapped while its weights convert.
   On a GPU, the driver context outside torch's allocator;
@@ -37,9 +37,9 @@ NF4_BYTES_PER_PARAM = 0.5 + 1 / 64 + 4 / (64 * 256)  # 4 bits, an 8-bit absmax p
 GPU_CONTEXT_BYTES = 512 * 2**20  # CUDA/HIP context and kernels outside torch's allocator (typical; not measured here)
 # glibc's heap on the CPU keeps memory that activations freed, fragmented: mallinfo2 shows it growing by about
 # half of what a layer's activations take, per layer and token, when packed rows run attention one example at
-# a time (many differently sized buffers), and by a fifth for unpadded rows (benchmarks/memory_plan.py)
-CPU_HEAP_SHARE = {True: 0.5, False: 0.2}
-LOGIT_BYTES = 4 + 4 + 2  # fp32 logits, fp32 softmax worked in place then its gradient in bf16 (+ one spare fp32)
+# a time (many differently sized buffers), by less with gradient checkpointing (fewer buffers alive at once),
+# and by a fifth for unpadded rows. Fitted on the rows of benchmarks/memory_plan.py: (packing, checkpointing)
+CPU_HEAP_SHARE = {(True, False): 0.5, (True, True): 0.3, (False, False): 0.2, (False, True): 0.2}
 
 
 @dataclass(frozen=True)
@@ -100,6 +100,7 @@ class Planner:
         model_config = AutoConfig.from_pretrained(base.path)
         self.context = getattr(text_config(model_config), "max_position_embeddings", None) or 8192
         self.counts = count_model(model_config, base, config, self.dtype)
+        self.logit_bytes = logit_bytes(model_config, self.dtype)
         self.profile: ActivationProfile = profile_activations(model_config, base.family, config, self.dtype)
         if device.kind == "cpu":  # the probe's memory stays in this process's heap, under the model that loads next
             self.device = replace(device, runtime_bytes=max(device.runtime_bytes, resident_bytes()))
@@ -114,10 +115,10 @@ class Planner:
             "trainable": self.counts.trainable_params * ADAMW_BYTES_PER_PARAM,
             "activations": round(self.profile.total(tokens, cutoff, checkpointing)),
             "backward": round(layer * (2 if checkpointing else 1)),
-            "logits": chunk * self.counts.vocab_size * LOGIT_BYTES,
+            "logits": chunk * self.counts.vocab_size * self.logit_bytes,
         }
         if self.device.kind == "cpu":
-            share = CPU_HEAP_SHARE[self.config.train.packing]
+            share = CPU_HEAP_SHARE[self.config.train.packing, checkpointing]
             parts["cpu heap"] = round(share * self.profile.total(tokens, cutoff, checkpointing=False))
         return parts
 
@@ -209,6 +210,17 @@ def count_model(model_config: Any, base: ResolvedModel, config: RunConfig, dtype
             frozen += param.numel() * element
     cfg = text_config(model_config)
     return ModelCounts(frozen, trainable, checkpoint_bytes(base.path), cfg.vocab_size, cfg.num_hidden_layers)
+
+
+def logit_bytes(model_config: Any, dtype: Any) -> int:
+    """Bytes per supervised position and vocabulary entry at the fused loss's peak (train/linear_cross_entropy.py):
+    the fp32 logits and, while the product converts, its copy in the training dtype (none in fp32, where the
+    product is already fp32); with soft-capping, the capped values and the logits, two fp32 buffers."""
+    import torch
+
+    element = torch.finfo(dtype).bits // 8
+    converting = 4 + (element if element != 4 else 0)
+    return max(converting, 8) if getattr(text_config(model_config), "final_logit_softcapping", None) else converting
 
 
 def _quantized_by_bitsandbytes(name: str, param: Any) -> bool:

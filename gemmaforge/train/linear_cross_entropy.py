@@ -39,30 +39,16 @@ class LinearCrossEntropy(torch.autograd.Function):
         loss = torch.zeros((), dtype=torch.float32, device=hidden.device)
         for start in range(0, hidden.shape[0], chunk_size):
             h, t = hidden[start:start + chunk_size], targets[start:start + chunk_size]  # (n, H), (n,)
-            logits = (h @ weight.T).float()  # (n, V)
-            if trained is not None:
-                logits[:, index] = (h @ trained.T).float()
-            capped = None
-            if softcap:
-                capped = logits.div_(softcap).tanh_()
-                logits = capped * softcap
-            target_logits = logits.gather(1, t[:, None]).squeeze(1)  # (n,)
-            top = logits.amax(dim=-1, keepdim=True)  # (n, 1)
-            probs = logits.sub_(top).exp_()  # unnormalised softmax, in place: no second n x V buffer
-            total = probs.sum(dim=-1)  # (n,)
-            loss += (top.squeeze(1) + total.log() - target_logits).sum()  # logsumexp - target logit
-            if not needs_grad:
+            chunk_loss, dlogits = _chunk_loss(h, t, weight, trained, index, softcap, needs_grad)
+            loss += chunk_loss
+            if dlogits is None:
                 continue
-            dlogits = probs.div_(total[:, None])
-            dlogits[torch.arange(len(t), device=t.device), t] -= 1
-            if capped is not None:
-                dlogits.mul_(1 - capped.square_())
-            dlogits = dlogits.to(weight.dtype)
             grad_hidden[start:start + chunk_size] = dlogits @ weight
             if trained is not None:
                 d_trained = dlogits[:, index]  # (n, K)
                 grad_hidden[start:start + chunk_size] += d_trained @ correction
                 grad_delta += (d_trained.T @ h).float()
+            del dlogits  # before the next chunk's logits: one chunk's n x V buffers alive at a time
         ctx.save_for_backward(grad_hidden, grad_delta)
         ctx.delta_dtype = delta.dtype if delta is not None else None
         return loss
@@ -73,6 +59,35 @@ class LinearCrossEntropy(torch.autograd.Function):
         d_hidden = grad_hidden * grad_loss.to(grad_hidden.dtype) if ctx.needs_input_grad[0] else None
         d_delta = (grad_delta * grad_loss).to(ctx.delta_dtype) if ctx.needs_input_grad[3] else None
         return d_hidden, None, None, d_delta, None, None, None
+
+
+def _chunk_loss(h: torch.Tensor, t: torch.Tensor, weight: torch.Tensor, trained: torch.Tensor | None,
+                index: torch.Tensor | None, softcap: float | None,
+                needs_grad: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Summed loss of one chunk and, when wanted, d loss / d logits in the weight's dtype. Its n x V buffers
+    die on return; at most two fp32 ones live at once with soft-capping (the capped values and the logits),
+    one without (plus the training dtype's copy while it converts): what the memory planner prices."""
+    logits = (h @ weight.T).float()  # (n, V)
+    if trained is not None:
+        logits[:, index] = (h @ trained.T).float()
+    capped = None
+    if softcap:
+        capped = logits.div_(softcap).tanh_()
+        logits = capped * softcap
+    target_logits = logits.gather(1, t[:, None]).squeeze(1)  # (n,)
+    top = logits.amax(dim=-1, keepdim=True)  # (n, 1)
+    probs = logits.sub_(top).exp_()  # unnormalised softmax, in place: no second n x V buffer
+    total = probs.sum(dim=-1)  # (n,)
+    loss = (top.squeeze(1) + total.log() - target_logits).sum()  # logsumexp - target logit
+    if not needs_grad:
+        return loss, None
+    dlogits = probs.div_(total[:, None])
+    dlogits[torch.arange(len(t), device=t.device), t] -= 1
+    if capped is not None:
+        dlogits.mul_(capped.square_().neg_().add_(1))  # the soft-cap's derivative 1 - tanh^2, in place
+        del capped
+    del logits, probs
+    return loss, dlogits.to(weight.dtype)
 
 
 def fusable_output_layer(layer: Any) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None] | None:

@@ -155,15 +155,18 @@ def encode_split(run: RunDir, config: RunConfig, tokenizer: Any, family: Family,
     )
 
 
-# oneDNN, which runs the CPU's matmuls, keeps a compiled kernel for every shape it meets, up to 1024. Packed
-# batches bring new shapes for many steps, and a packed CPU run held 1.6 GiB more after 115 steps, still
-# growing; 128 holds what one step needs: the same step time, and memory that levels off (benchmarks/README.md).
-ONEDNN_CACHE_CAPACITY = "128"
+# oneDNN, which runs the CPU's matmuls, keeps a compiled kernel for every shape it meets, up to 1024, and
+# PyTorch's ideep layer above it keeps its own cache of matmul objects per shape and thread (LRU_CACHE_CAPACITY,
+# also 1024). Packed batches bring new shapes at every step (each example's attention has its own length): a
+# packed CPU run held 1.6 GiB more after 115 steps, still growing. Bounded caches give the same step time and
+# memory that levels off (benchmarks/README.md).
+CPU_KERNEL_CACHES = {"ONEDNN_PRIMITIVE_CACHE_CAPACITY": "128", "LRU_CACHE_CAPACITY": "16"}
 
 
 def train(run: RunDir, config: RunConfig, base: ResolvedModel) -> dict[str, Any]:
     """Train and save the adapter (with the tokenizer and its chat template) into run.adapter_dir."""
-    os.environ.setdefault("ONEDNN_PRIMITIVE_CACHE_CAPACITY", ONEDNN_CACHE_CAPACITY)  # read at oneDNN's first use
+    for name, capacity in CPU_KERNEL_CACHES.items():  # read at the first matmul
+        os.environ.setdefault(name, capacity)
     import torch
     from transformers import EarlyStoppingCallback
     from transformers.trainer_callback import ProgressCallback

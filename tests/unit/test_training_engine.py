@@ -73,10 +73,14 @@ def test_non_finite_loss_stops_with_a_diagnosis(tmp_path: Path, tiny_gemma3_dir,
     assert not (tmp_path / "run" / "adapter").exists()
 
 
-def test_early_stopping_restores_the_best_checkpoint(tmp_path: Path, tiny_gemma3_dir) -> None:
+def test_early_stopping_restores_the_best_checkpoint(tmp_path: Path, tiny_gemma3_dir, monkeypatch: pytest.MonkeyPatch) -> None:
     config = write_config(tmp_path, tiny_gemma3_dir, max_steps=12, learning_rate=0.5, save_steps=1, eval_steps=1,
                           load_best_model_at_end=True, early_stopping_patience=2, save_total_limit=None)
+    monkeypatch.delenv("LRU_CACHE_CAPACITY", raising=False)
+    monkeypatch.setenv("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "64")  # the user's own choice stays
     assert main(["train", str(config)]) == 0
+    # bounded per-shape kernel caches on the CPU (unbounded, packed runs grow for hundreds of steps)
+    assert (os.environ["LRU_CACHE_CAPACITY"], os.environ["ONEDNN_PRIMITIVE_CACHE_CAPACITY"]) == ("16", "64")
     record = manifest_train(tmp_path / "run")
     evals = [row["eval_loss"] for row in map(json.loads, (tmp_path / "run" / "metrics.jsonl").read_text().splitlines())
              if "eval_loss" in row]

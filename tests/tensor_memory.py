@@ -1,0 +1,46 @@
+"""The peak bytes of live tensor storage in a block of code: on the CPU, what a GPU's max_memory_allocated
+measures (no allocator caches, no heap fragmentation), so the memory planner's counted terms can be held
+against a measured peak without a GPU."""
+
+from __future__ import annotations
+
+import weakref
+from typing import Any
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
+
+
+class PeakTensorMemory(TorchDispatchMode):
+    """Every storage an operator returns inside the block (and the `existing` tensors given) is counted from
+    its creation until its last reference dies; `peak` is the largest sum reached."""
+
+    def __init__(self, *existing: torch.Tensor):
+        super().__init__()
+        self._bytes: dict[int, int] = {}  # storage id -> its size
+        self._refs: dict[int, weakref.ref] = {}  # the callbacks that uncount a storage when it dies
+        self.current = self.peak = 0
+        for tensor in existing:
+            self._count(tensor)
+
+    def _count(self, tensor: torch.Tensor) -> None:
+        storage = tensor.untyped_storage()
+        key = storage._cdata  # one per storage, shared by its views
+        if key in self._bytes:
+            return
+        self._bytes[key] = storage.nbytes()
+        self.current += storage.nbytes()
+        self.peak = max(self.peak, self.current)
+        self._refs[key] = weakref.ref(storage, lambda _, key=key: self._uncount(key))
+
+    def _uncount(self, key: int) -> None:
+        self.current -= self._bytes.pop(key)
+        del self._refs[key]
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        out = func(*args, **(kwargs or {}))
+        for leaf in tree_leaves(out):
+            if isinstance(leaf, torch.Tensor):
+                self._count(leaf)
+        return out
