@@ -13,7 +13,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from gemmaforge.cli import main
+from gemmaforge.cli import build_parser, main, serve_options
 from gemmaforge.export.gguf import write_gguf
 from gemmaforge.models import default_home
 from gemmaforge.serve.server import ServeOptions, background_server, load_registry
@@ -219,7 +219,7 @@ def test_openai_errors(oai) -> None:
      "options.num_predict: expected number"),
     ("/api/generate", b'{"model": "base", "prompt": "x", "raw": true, "system": "s"}', 400,
      "raw mode does not support"),
-    ("/api/generate", b'{"model": "../../etc/passwd", "prompt": "x"}', 404, "not found"),
+    ("/api/generate", b'{"model": "no-such-model", "prompt": "x"}', 404, "model 'no-such-model' not found"),
     ("/v1/chat/completions", b"{oops", 400, "invalid JSON"),
     ("/v1/chat/completions", b'{"model": "base", "messages": [{"role": "tool", "content": "x"}]}', 400,
      "'tool' is not supported"),
@@ -243,6 +243,10 @@ def test_oversized_prompt_and_body_are_refused(server) -> None:
     assert response.status_code == 400 and "does not fit the context window of 4096 tokens" in response.json()["error"]
     huge = b'{"model": "base", "prompt": "' + b"x" * (5 * 2**20) + b'"}'
     assert httpx.post(server[0] + "/api/generate", content=huge).status_code == 413
+    pieces = iter([huge[i:i + 2**20] for i in range(0, len(huge), 2**20)])  # no Content-Length: chunked encoding
+    response = httpx.post(server[0] + "/api/generate", content=pieces)
+    assert response.status_code == 413 and "request body larger than 4194304 bytes" in response.json()["error"]
+    assert httpx.get(server[0] + "/api/tags").status_code == 200
 
 
 def test_sixteen_concurrent_streaming_clients_get_their_own_answers(client, server) -> None:
@@ -330,12 +334,24 @@ def test_a_request_stops_at_the_time_limit(tiny_gemma3_dir: Path) -> None:
         registry.close()
 
 
-def test_an_api_key_is_required_when_set(tiny_gemma3_dir: Path) -> None:
-    options = ServeOptions(api_key="s3cret")
+def test_an_api_key_guards_every_route_but_the_root(tiny_gemma3_dir: Path, run_dir: Path,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("GEMMAFORGE_API_KEY", "s3cret")  # as `gemmaforge serve` reads it without --api-key
+    options = serve_options(build_parser().parse_args(["serve", str(tiny_gemma3_dir)]))
     registry = load_registry([f"tiny={tiny_gemma3_dir}"], options, default_home())
+    chat = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}]}
+    guarded = [("GET", "/api/tags", None), ("GET", "/v1/models", None), ("POST", "/api/chat", chat),
+               ("POST", "/v1/chat/completions", chat), ("POST", "/api/generate", {"model": "tiny", "prompt": "hi"}),
+               ("POST", "/v1/load_lora_adapter", {"lora_name": "new", "lora_path": str(run_dir / "adapter")}),
+               ("DELETE", "/api/delete", {"model": "tiny"})]
     try:
         with background_server(registry, options) as url:
-            assert httpx.get(url + "/api/tags").status_code == 401
+            for method, path, payload in guarded:
+                for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "s3cret"}):
+                    response = httpx.request(method, url + path, json=payload, headers=headers)
+                    assert response.status_code == 401, (method, path, headers)
+            assert registry.get("tiny") is not None and registry.get("new") is None  # nothing deleted, nothing loaded
+            assert httpx.get(url + "/").status_code == 200  # Ollama clients probe the root
             with pytest.raises(openai.AuthenticationError):
                 openai.OpenAI(base_url=url + "/v1", api_key="wrong", max_retries=0).models.list()
             keyed_openai = openai.OpenAI(base_url=url + "/v1", api_key="s3cret")
