@@ -37,10 +37,11 @@ def test_config_typo_is_exit_2_with_did_you_mean(tmp_path: Path) -> None:
     assert not (tmp_path / "run").exists(), "a config error must not create the run directory"
 
 
-def test_malformed_json_names_the_line_and_writes_no_data(tmp_path: Path) -> None:
+def test_malformed_json_names_the_line_and_writes_no_data(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     config = write_config(tmp_path, "gemma3-270m")
     (tmp_path / "data.json").write_text('[{"instruction": "a", "output": "b"},\n{"instruction": "c" "output": "d"}]')
     assert main(["run", str(config)]) == 2
+    assert f"{tmp_path / 'data.json'} line 2 column 21: malformed JSON (Expecting ',' delimiter)" in capsys.readouterr().err
     assert not (tmp_path / "run" / "data" / "train.jsonl").exists()
 
 
