@@ -74,6 +74,21 @@ def tiny_gemma3_dir(tmp_path_factory: pytest.TempPathFactory, embedded_model: Re
 
 
 @pytest.fixture(scope="session")
+def text_checkpoint_of(tmp_path_factory: pytest.TempPathFactory, embedded_model: ResolvedModel, tiny_gemma3_dir: Path):
+    """family ("gemma", "gemma2", "gemma3", "gemma4") -> a tiny text-only checkpoint of it, built once a session."""
+    from tests.text_families import build_tiny_text
+
+    built: dict[str, Path] = {"gemma3": tiny_gemma3_dir}
+
+    def build(family: str) -> Path:
+        if family not in built:
+            built[family] = build_tiny_text(family, tmp_path_factory.mktemp(f"tiny-{family}"), embedded_model.path)
+        return built[family]
+
+    return build
+
+
+@pytest.fixture(scope="session")
 def checkpoint_of(tmp_path_factory: pytest.TempPathFactory, embedded_model: ResolvedModel):
     """kind -> the tiny checkpoint of that real checkpoint kind (tests/checkpoint_kinds.py), built once a session."""
     from tests.checkpoint_kinds import build_checkpoint

@@ -86,12 +86,10 @@ def test_gemma3_f16_equals_llama_cpps_converter(converter: Path, tiny_gemma3_dir
     assert [t.name for t in ours.tensors] == [t.name for t in theirs.tensors]
 
 
-def test_gemma4_f16_equals_llama_cpps_converter(converter: Path, embedded_model, tmp_path: Path) -> None:
+def test_gemma4_f16_equals_llama_cpps_converter(converter: Path, text_checkpoint_of, tmp_path: Path) -> None:
     """Gemma 4 (per-layer inputs, shared KV, proportional RoPE) down to the vocabulary, which both write
     through the gguf package's tokenizer.json reader with BPE merges."""
-    from tests.integration.test_llama_cpp_gguf import build_tiny
-
-    checkpoint = build_tiny("gemma4", tmp_path / "tiny-gemma4", embedded_model.path)
+    checkpoint = text_checkpoint_of("gemma4")
     ours, theirs = convert_both(converter, checkpoint, tmp_path)
     assert_same_file(ours, theirs, "gemma4", {"general.name"})
     assert "rope_freqs.weight" in {t.name for t in ours.tensors}

@@ -160,47 +160,14 @@ def test_gguf_chat_template_renders_the_training_prompt(tiny_gemma3_dir: Path, t
     assert formatter(messages=messages).prompt == expected
 
 
-def build_tiny(family: str, target: Path, tokenizer_dir: Path) -> Path:
-    """A small random Gemma 1, 2 or 4 with the real (Gemma 3) tokenizer and non-trivial norms (a missing or
-    wrong +1 shift would show); Gemma 2's query_pre_attn_scalar equals head_dim, which is what llama.cpp
-    assumes below 27B."""
-    from transformers import (
-        Gemma2Config,
-        Gemma2ForCausalLM,
-        Gemma4ForCausalLM,
-        Gemma4TextConfig,
-        GemmaConfig,
-        GemmaForCausalLM,
-    )
-
-    from tests.conftest import save_tiny
-
-    torch.manual_seed(0)
-    sizes = dict(vocab_size=262144, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                 num_attention_heads=4, num_key_value_heads=1, head_dim=16, max_position_embeddings=512,
-                 pad_token_id=0, bos_token_id=2, eos_token_id=1)
-    if family == "gemma4":  # per-layer inputs, KV shared by the last layers, wider heads in full layers
-        model = Gemma4ForCausalLM(Gemma4TextConfig(
-            **{**sizes, "num_hidden_layers": 4}, global_head_dim=32, sliding_window=32,
-            vocab_size_per_layer_input=262144, hidden_size_per_layer_input=16, num_kv_shared_layers=2,
-            layer_types=["sliding_attention", "full_attention"] * 2))
-    elif family == "gemma2":
-        config = Gemma2Config(**sizes, query_pre_attn_scalar=16, sliding_window=64, attn_logit_softcapping=50.0,
-                              final_logit_softcapping=30.0)
-        model = Gemma2ForCausalLM(config)
-    else:
-        model = GemmaForCausalLM(GemmaConfig(**sizes))
-    return save_tiny(model, target, tokenizer_dir)
-
-
 @pytest.mark.parametrize(("family", "bound"), [("gemma", 2e-3), ("gemma2", 2e-3), ("gemma4", 5e-3)])
-def test_gemma_1_2_and_4_round_trip_through_llama_cpp(family: str, bound: float, tmp_path: Path, embedded_model,
+def test_gemma_1_2_and_4_round_trip_through_llama_cpp(family: str, bound: float, tmp_path: Path, text_checkpoint_of,
                                                      tokenizer) -> None:
     """Measured f32 errors: ~5e-4 for Gemma 1/2; 3.5e-3 for Gemma 4, the same as the file llama.cpp's own
     converter writes for this checkpoint (its per-layer-input path sums more terms)."""
     from transformers import AutoModelForCausalLM
 
-    checkpoint = build_tiny(family, tmp_path / family, embedded_model.path)
+    checkpoint = text_checkpoint_of(family)
     path = write_gguf(checkpoint, tmp_path / f"{family}-f32.gguf", "f32")
     reader = gguf.GGUFReader(path)
     assert reader.fields["general.architecture"].contents() == family

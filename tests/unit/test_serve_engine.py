@@ -29,15 +29,12 @@ async def ask(engine: TransformersEngine, ids: list[int], params: Params, delay:
 
 
 @pytest.mark.parametrize("family", ["gemma", "gemma2", "gemma3", "gemma4"])
-def test_batched_answers_equal_transformers_generate(family: str, tmp_path: Path, tiny_gemma3_dir: Path,
-                                                     embedded_model) -> None:
+def test_batched_answers_equal_transformers_generate(family: str, text_checkpoint_of) -> None:
     """Three prompts of different lengths arrive one after another and share decoding steps; the long one
     crosses the sliding window (64 tokens; 32 for the tiny Gemma 4) while generating."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from tests.integration.test_llama_cpp_gguf import build_tiny
-
-    path = tiny_gemma3_dir if family == "gemma3" else build_tiny(family, tmp_path / family, embedded_model.path)
+    path = text_checkpoint_of(family)
     fam = FAMILIES[family]
     tokenizer = AutoTokenizer.from_pretrained(path)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, attn_implementation=fam.attn_implementation)

@@ -1,0 +1,108 @@
+"""Our supervised loss against transformers' own `labels=` loss on tiny Gemma 1, 2, 3 and 4 (Gemma 2 with its
+attention and final soft-capping), packed rows against separate examples with the attention training uses, and a
+few `gemmaforge train` steps on each family."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+from gemmaforge.cli import main
+from gemmaforge.families import FAMILIES
+from gemmaforge.train import packed_attention
+from gemmaforge.train.collate import RightPadCollator
+from gemmaforge.train.loss import supervised_loss
+from gemmaforge.train.packing import PackedCollator, pack_examples
+from tests.helpers import write_config
+from tests.unit.test_packing import example
+
+TEXT_FAMILIES = ["gemma", "gemma2", "gemma3", "gemma4"]
+LINEAR = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+
+
+def lora_model(path: Path, family: str, attention: str | None = None):
+    """fp32 LoRA on every linear layer with random LoRA weights (lora_B starts at zero: every LoRA weight gets a
+    gradient path), in the family's training attention unless `attention` is given."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32,
+                                                 attn_implementation=attention or FAMILIES[family].attn_implementation)
+    model = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, lora_dropout=0.0, target_modules=LINEAR)).train()
+    torch.manual_seed(0)
+    for p in model.parameters():
+        if p.requires_grad:
+            torch.nn.init.normal_(p, std=0.02)
+    return model
+
+
+@pytest.mark.parametrize("family", TEXT_FAMILIES)
+@pytest.mark.parametrize("path", ["fused", "fused in chunks", "autograd in chunks"])
+def test_supervised_loss_and_gradients_equal_transformers_labels_loss(family: str, path: str, text_checkpoint_of) -> None:
+    """'autograd in chunks': a trained output layer, which the fused loss leaves to the chunked autograd loss."""
+    model = lora_model(text_checkpoint_of(family), family)
+    if path == "autograd in chunks":
+        model.get_base_model().get_output_embeddings().weight.requires_grad_(True)
+    softcap = getattr(model.get_base_model().config.get_text_config(), "final_logit_softcapping", None)
+    assert bool(softcap) == (family in ("gemma2", "gemma4"))  # both soft-capping code paths are exercised
+    input_ids = torch.randint(3, 20000, (2, 24), generator=torch.Generator().manual_seed(1))
+    labels = input_ids.clone()
+    labels[:, :9] = -100  # a prompt
+    labels[1, 20:] = -100  # padding
+    attention_mask = torch.ones_like(input_ids)
+    attention_mask[1, 20:] = 0
+    trained = [p for p in model.parameters() if p.requires_grad]
+
+    base = model.get_base_model()
+    want = base.__class__.forward(base, input_ids=input_ids, attention_mask=attention_mask, labels=labels).loss
+    want_grads = torch.autograd.grad(want, trained)
+    inputs = {"input_ids": input_ids, "attention_mask": attention_mask, "labels": labels}
+    got = supervised_loss(model, inputs, None, chunk_size=1024 if path == "fused" else 5)
+    got_grads = torch.autograd.grad(got, trained)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    for g, w in zip(got_grads, want_grads):
+        torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.parametrize("family", ["gemma2", "gemma4"])
+def test_packed_rows_equal_separate_examples(family: str, text_checkpoint_of) -> None:
+    """Packed as training packs them: Gemma 4 through the per-example attention (its shared KV layers reuse
+    the earlier layers' keys), Gemma 2 in eager attention (its soft-capping), whose mask transformers builds
+    from the restarting position ids. Loss and LoRA gradients equal those of the padded batch."""
+    attention = packed_attention.register() if FAMILIES[family].attn_implementation == "sdpa" else None
+    padded_model = lora_model(text_checkpoint_of(family), family)
+    packed_model = lora_model(text_checkpoint_of(family), family, attention)
+    examples = [example(n, 4, i) for i, n in enumerate([21, 9, 14, 6, 30])]
+    padded = RightPadCollator(0)(examples)
+    packed = PackedCollator(0)(pack_examples(examples, cutoff_len=32))
+    packed.pop("examples")
+    assert packed["input_ids"].shape[0] < len(examples)
+    results = []
+    for model, batch in ((padded_model, padded), (packed_model, packed)):
+        loss = supervised_loss(model, batch, None)
+        results.append((loss, torch.autograd.grad(loss, [p for p in model.parameters() if p.requires_grad])))
+    (want, want_grads), (got, got_grads) = results
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    for g, w in zip(got_grads, want_grads):
+        torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-6)
+    # positions that do not restart let attention cross examples: the same rows then give another loss (the
+    # tiny random models are near-uniform, so it differs by ~5e-4: several times the tolerance above)
+    crossed = {**packed, "position_ids": torch.arange(packed["input_ids"].shape[1]).repeat(packed["input_ids"].shape[0], 1)}
+    with torch.no_grad(), pytest.raises(AssertionError):
+        torch.testing.assert_close(supervised_loss(packed_model, crossed, None), want.detach(), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("family", ["gemma", "gemma2", "gemma4"])  # Gemma 3: every other training test
+def test_gemmaforge_train_runs_on_each_family(family: str, text_checkpoint_of, tmp_path: Path) -> None:
+    config = write_config(tmp_path, text_checkpoint_of(family), max_steps=3, save_steps=3, eval_strategy="no")
+    assert main(["train", str(config)]) == 0
+    run = tmp_path / "run"
+    losses = [row["loss"] for row in map(json.loads, (run / "metrics.jsonl").read_text().splitlines()) if "loss" in row]
+    assert len(losses) == 3 and all(math.isfinite(loss) and loss > 0 for loss in losses)
+    assert (run / "adapter" / "adapter_model.safetensors").is_file()
+    record = json.loads((run / "manifest.json").read_text())["stages"]["train"]
+    assert record["steps"] == 3 and record["packing"] is True
