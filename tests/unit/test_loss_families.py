@@ -17,8 +17,7 @@ from gemmaforge.train import packed_attention
 from gemmaforge.train.collate import RightPadCollator
 from gemmaforge.train.loss import supervised_loss
 from gemmaforge.train.packing import PackedCollator, pack_examples
-from tests.helpers import write_config
-from tests.unit.test_packing import example
+from tests.helpers import example, write_config
 
 TEXT_FAMILIES = ["gemma", "gemma2", "gemma3", "gemma4"]
 LINEAR = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]

@@ -5,15 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from gemmaforge.templates import IGNORE_INDEX
 from gemmaforge.train.collate import RightPadCollator
 from gemmaforge.train.loss import chunked_cross_entropy, supervised_loss
 from gemmaforge.train.packing import PackedCollator, pack_examples
-
-
-def example(n: int, supervised_from: int, seed: int) -> dict[str, list[int]]:
-    ids = [2] + torch.randint(10, 5000, (n - 1,), generator=torch.Generator().manual_seed(seed)).tolist()
-    return {"input_ids": ids, "labels": [IGNORE_INDEX] * supervised_from + ids[supervised_from:]}
+from tests.helpers import example
 
 
 def test_first_fit_decreasing_keeps_every_example_once() -> None:
