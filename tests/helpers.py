@@ -48,3 +48,28 @@ def example(n: int, supervised_from: int, seed: int) -> dict[str, list[int]]:
 
     ids = [2] + torch.randint(10, 5000, (n - 1,), generator=torch.Generator().manual_seed(seed)).tolist()
     return {"input_ids": ids, "labels": [IGNORE_INDEX] * supervised_from + ids[supervised_from:]}
+
+
+def assert_loss_equals_transformers(model: object, chunk_size: int = 1024) -> None:
+    """Our supervised loss and its gradients (to every trainable parameter) equal transformers' own `labels=`
+    loss of the PEFT `model`'s base class on a batch with a prompt and padding."""
+    import torch
+
+    from gemmaforge.train.loss import supervised_loss
+
+    input_ids = torch.randint(3, 20000, (2, 24), generator=torch.Generator().manual_seed(1))
+    labels = input_ids.clone()
+    labels[:, :9] = -100  # a prompt
+    labels[1, 20:] = -100  # padding
+    attention_mask = torch.ones_like(input_ids)
+    attention_mask[1, 20:] = 0
+    trained = [p for p in model.parameters() if p.requires_grad]
+    base = model.get_base_model()
+    want = base.__class__.forward(base, input_ids=input_ids, attention_mask=attention_mask, labels=labels).loss
+    want_grads = torch.autograd.grad(want, trained)
+    inputs = {"input_ids": input_ids, "attention_mask": attention_mask, "labels": labels}
+    got = supervised_loss(model, inputs, None, chunk_size)
+    got_grads = torch.autograd.grad(got, trained)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    for g, w in zip(got_grads, want_grads):
+        torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-6)

@@ -17,7 +17,7 @@ from gemmaforge.train import packed_attention
 from gemmaforge.train.collate import RightPadCollator
 from gemmaforge.train.loss import supervised_loss
 from gemmaforge.train.packing import PackedCollator, pack_examples
-from tests.helpers import example, write_config
+from tests.helpers import assert_loss_equals_transformers, example, write_config
 
 TEXT_FAMILIES = ["gemma", "gemma2", "gemma3", "gemma4"]
 LINEAR = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
@@ -48,23 +48,7 @@ def test_supervised_loss_and_gradients_equal_transformers_labels_loss(family: st
         model.get_base_model().get_output_embeddings().weight.requires_grad_(True)
     softcap = getattr(model.get_base_model().config.get_text_config(), "final_logit_softcapping", None)
     assert bool(softcap) == (family in ("gemma2", "gemma4"))  # both soft-capping code paths are exercised
-    input_ids = torch.randint(3, 20000, (2, 24), generator=torch.Generator().manual_seed(1))
-    labels = input_ids.clone()
-    labels[:, :9] = -100  # a prompt
-    labels[1, 20:] = -100  # padding
-    attention_mask = torch.ones_like(input_ids)
-    attention_mask[1, 20:] = 0
-    trained = [p for p in model.parameters() if p.requires_grad]
-
-    base = model.get_base_model()
-    want = base.__class__.forward(base, input_ids=input_ids, attention_mask=attention_mask, labels=labels).loss
-    want_grads = torch.autograd.grad(want, trained)
-    inputs = {"input_ids": input_ids, "attention_mask": attention_mask, "labels": labels}
-    got = supervised_loss(model, inputs, None, chunk_size=1024 if path == "fused" else 5)
-    got_grads = torch.autograd.grad(got, trained)
-    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
-    for g, w in zip(got_grads, want_grads):
-        torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-6)
+    assert_loss_equals_transformers(model, chunk_size=1024 if path == "fused" else 5)
 
 
 @pytest.mark.parametrize("family", ["gemma2", "gemma4"])

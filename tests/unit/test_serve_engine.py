@@ -4,7 +4,6 @@ joining and leaving mid-flight), stop strings and split characters in streaming,
 from __future__ import annotations
 
 import asyncio
-from pathlib import Path
 
 import pytest
 import torch
