@@ -17,13 +17,13 @@ def write_dataset(path: Path, n: int = 24) -> Path:
     return path
 
 
-def write_config(tmp_path: Path, model: Path | str, **train: object) -> Path:
-    """A config for a few fast steps on a tiny model; `train` overrides train keys."""
+def write_config(tmp_path: Path, model: Path | str, lora: dict | None = None, **train: object) -> Path:
+    """A config for a few fast steps on a tiny model; `lora` and `train` override their sections' keys."""
     config = {
         "output_dir": str(tmp_path / "run"),
         "model": {"name_or_path": str(model)},
         "data": {"path": str(write_dataset(tmp_path / "data.json")), "val_size": 4},
-        "lora": {"r": 4, "lora_alpha": 8, "lora_dropout": 0.0},
+        "lora": {"r": 4, "lora_alpha": 8, "lora_dropout": 0.0, **(lora or {})},
         "train": {
             "max_steps": 4,
             "per_device_train_batch_size": 4,
