@@ -110,11 +110,6 @@ class SupervisedLossTrainer(Trainer):
         self.last_log_time = time.perf_counter()
         self.monitor: DeviceMonitor | None = None  # its readings join every training log
 
-    def compute_loss(self, model: Any, inputs: dict[str, torch.Tensor], return_outputs: bool = False,
-                     num_items_in_batch: Any = None) -> Any:
-        loss = model(**inputs, num_items_in_batch=num_items_in_batch).loss  # see install_supervised_forward
-        return (loss, None) if return_outputs else loss
-
     def training_step(self, model: Any, inputs: dict[str, Any], num_items_in_batch: Any = None) -> torch.Tensor:
         labels = inputs["labels"]
         supervised = int((labels[:, 1:] != IGNORE_INDEX).sum())
