@@ -42,16 +42,21 @@ def results(trained: Path) -> dict:
     return json.loads((trained / "eval" / "results.json").read_text(encoding="utf-8"))
 
 
-def greedy(model_dir: Path, prompts: list[str], adapter: Path | None = None) -> list[str]:
-    """Each prompt alone, greedy, the way the tests in test_end_to_end.py run the merged model."""
+def load(model_dir: Path, adapter: Path | None) -> tuple[object, object]:
     import torch
     from peft import PeftModel
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-    if adapter is not None:
-        model = PeftModel.from_pretrained(model, adapter)
+    return AutoTokenizer.from_pretrained(model_dir), PeftModel.from_pretrained(model, adapter) if adapter else model
+
+
+def greedy(model_dir: Path, prompts: list[str], adapter: Path | None = None) -> list[tuple[str, int, bool]]:
+    """Each prompt alone, greedy, the way the tests in test_end_to_end.py run the merged model:
+    (answer, its tokens, whether it ended on a stop token)."""
+    import torch
+
+    tokenizer, model = load(model_dir, adapter)
     stops = [tokenizer.eos_token_id, tokenizer.convert_tokens_to_ids("<end_of_turn>")]
     answers = []
     for prompt in prompts:
@@ -59,28 +64,66 @@ def greedy(model_dir: Path, prompts: list[str], adapter: Path | None = None) -> 
         ids = tokenizer(text, add_special_tokens=False, return_tensors="pt").input_ids
         with torch.no_grad():
             out = model.generate(ids, max_new_tokens=NEW_TOKENS, do_sample=False, eos_token_id=stops, top_k=None, top_p=None)
-        new = [t for t in out[0, ids.shape[1]:].tolist()]
-        new = new[: next((k for k, t in enumerate(new) if t in stops), len(new))]
-        answers.append(tokenizer.decode(new, skip_special_tokens=True).strip())
+        new = out[0, ids.shape[1]:].tolist()
+        end = next((k for k, t in enumerate(new) if t in stops), None)
+        new = new[:end]
+        answers.append((tokenizer.decode(new, skip_special_tokens=True).strip(), len(new), end is not None))
     return answers
 
 
-def test_results_have_base_and_tuned_with_every_metric(results: dict) -> None:
-    for side in ("base", "tuned"):
+def general_text_perplexity(model_dir: Path, adapter: Path | None, cutoff_len: int) -> float:
+    """transformers' own labels= loss over every token after <bos> of each paragraph of the shipped sample,
+    weighted by its tokens."""
+    import math
+
+    import torch
+
+    from gemmaforge.evaluate.scoring import ASSETS
+
+    tokenizer, model = load(model_dir, adapter)
+    total = count = 0.0
+    for paragraph in filter(None, (p.strip() for p in (ASSETS / "general_text.txt").read_text(encoding="utf-8").split("\n\n"))):
+        ids = torch.tensor([[tokenizer.bos_token_id, *tokenizer(paragraph, add_special_tokens=False).input_ids]])
+        ids = ids[:, :cutoff_len]
+        with torch.no_grad():
+            total += float(model(input_ids=ids, labels=ids).loss) * (ids.shape[1] - 1)
+        count += ids.shape[1] - 1
+    return math.exp(total / count)
+
+
+@pytest.fixture(scope="module")
+def sample(trained: Path, tiny_gemma3_dir: Path) -> dict[str, list[tuple[str, int, bool]]]:
+    """The suite's prompts answered greedily one by one by the base model and by the base with the adapter."""
+    return {"base": greedy(tiny_gemma3_dir, PROMPTS), "tuned": greedy(tiny_gemma3_dir, PROMPTS, trained / "adapter")}
+
+
+def test_results_have_base_and_tuned_with_every_metric(results: dict, trained: Path, tiny_gemma3_dir: Path,
+                                                       sample: dict) -> None:
+    from gemmaforge.evaluate.metrics import reference_scores
+
+    for side, adapter in (("base", None), ("tuned", trained / "adapter")):
         got = results[side]
-        for key in ("eval_loss", "perplexity", "suite_pass_rate", "bleu", "rouge_l", "retention_accuracy",
-                    "general_text_perplexity", "stopped_rate", "answer_tokens_mean", "prompts_per_second"):
-            assert got[key] is not None, (side, key)
         assert got["perplexity"] == pytest.approx(2.718281828 ** got["eval_loss"], rel=1e-3)
         # case 1 always passes, case 2's contains-check never does; case 3 has no checks
         assert got["suite_pass_rate"] == 0.5
         assert got["check_pass_rates"] == {"max_chars": 1.0, "contains": 0.0}
-        assert 0 <= got["retention_accuracy"] <= 1 and 0 <= got["rouge_l"] <= 1
+        assert got["general_text_perplexity"] == pytest.approx(general_text_perplexity(tiny_gemma3_dir, adapter, 128),
+                                                               rel=1e-3)
+        assert got["answer_tokens_mean"] == pytest.approx(sum(n for _, n, _ in sample[side]) / 3, abs=0.05)
+        assert got["stopped_rate"] == pytest.approx(sum(stopped for _, _, stopped in sample[side]) / 3, abs=1e-4)
+        # the one case with a reference (case 2), scored against it
+        scores = reference_scores([sample[side][1][0]], ["In an airtight container, away from light."])
+        assert (got["bleu"], got["rouge_l"]) == (scores.bleu, scores.rouge_l)
+        probes = results["retention"]
+        assert got["retention_accuracy"] == pytest.approx(
+            sum(any(a.casefold() in p[side]["answer"].casefold() for a in p["answers"]) for p in probes) / len(probes))
+        assert got["prompts_per_second"] > 0
     assert results["suite"] == {"source": str(Path(results["suite"]["source"])), "cases": 3, "with_checks": 2,
                                 "with_reference": 1}
     assert [c["tuned"]["passed"] for c in results["cases"]] == [True, False, None]
     assert len(results["retention"]) >= 50
     assert results["tuned"]["eval_loss"] != results["base"]["eval_loss"]
+    assert results["tuned"]["general_text_perplexity"] != results["base"]["general_text_perplexity"]
 
 
 def test_eval_loss_is_the_trainers(results: dict, trained: Path) -> None:
@@ -90,11 +133,10 @@ def test_eval_loss_is_the_trainers(results: dict, trained: Path) -> None:
     assert results["tuned"]["eval_loss"] == pytest.approx(final, abs=1e-3)
 
 
-def test_base_answers_are_the_base_models_and_tuned_the_adapters(results: dict, trained: Path,
-                                                                 tiny_gemma3_dir: Path) -> None:
+def test_base_answers_are_the_base_models_and_tuned_the_adapters(results: dict, sample: dict) -> None:
     """Batched, left-padded generation with the adapter disabled answers exactly as the base model alone."""
-    assert [c["base"]["answer"] for c in results["cases"]] == greedy(tiny_gemma3_dir, PROMPTS)
-    assert [c["tuned"]["answer"] for c in results["cases"]] == greedy(tiny_gemma3_dir, PROMPTS, trained / "adapter")
+    for side in ("base", "tuned"):
+        assert [c[side]["answer"] for c in results["cases"]] == [answer for answer, _, _ in sample[side]]
 
 
 def test_report_files_and_manifest(results: dict, trained: Path) -> None:

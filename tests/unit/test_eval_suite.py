@@ -137,3 +137,28 @@ def test_regressions_are_flagged_beyond_the_tolerances() -> None:
     assert regressions(base, worse, EvalConfig(retention_tolerance=0.2, perplexity_tolerance=0.5)) == [found[2]]
     no_probes = {"retention_accuracy": None, "general_text_perplexity": None, "stopped_rate": 1.0}
     assert regressions(no_probes, no_probes, EvalConfig()) == []
+
+
+def test_answer_summary_counts_what_each_answer_did() -> None:
+    """Hand-made answers where every metric has a value other than 0 and 1: stopped 2 of 3, 6 tokens on
+    average, 1 of 2 probes answered, the referenced case half right."""
+    from gemmaforge.evaluate.evaluation import Answers, answer_summary
+    from gemmaforge.evaluate.generate import Generation
+    from gemmaforge.evaluate.scoring import Probe
+    from gemmaforge.evaluate.suite import Case, Check
+
+    cases = [Case([{"role": "user", "content": "a"}], checks=[Check("contains", "咖啡")]),
+             Case([{"role": "user", "content": "b"}], reference="水温 九十 度", checks=[Check("max_chars", 3)]),
+             Case([{"role": "user", "content": "c"}])]
+    suite = [Generation("手冲咖啡", 4, True), Generation("水温 九十", 9, False), Generation("ok", 5, True)]
+    probes = [Probe("p1", "en", "Capital of France?", ("Paris",)), Probe("p2", "zh", "一加一？", ("二", "2"))]
+    answers = Answers(suite, [Generation("It is paris.", 4, True), Generation("三", 1, True)], seconds=2.5)
+    got = answer_summary(cases, answers, probes)
+    assert got["suite_pass_rate"] == 0.5 and got["check_pass_rates"] == {"contains": 1.0, "max_chars": 0.0}
+    assert got["stopped_rate"] == round(2 / 3, 4) and got["answer_tokens_mean"] == 6.0
+    assert got["answer_chars_mean"] == pytest.approx((4 + 5 + 2) / 3, abs=0.05)
+    assert got["retention_accuracy"] == 0.5
+    assert got["prompts_per_second"] == 2.0  # 3 cases and 2 probes in 2.5 s
+    assert (got["bleu"], got["rouge_l"]) == (reference_scores(["水温 九十"], ["水温 九十 度"]).bleu,
+                                             reference_scores(["水温 九十"], ["水温 九十 度"]).rouge_l)
+    assert 0 < got["rouge_l"] < 1
