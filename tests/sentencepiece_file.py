@@ -1,10 +1,12 @@
 """The tokenizer files of a Google Gemma 3 release: a SentencePiece `tokenizer.model` with the real vocabulary,
-and a tokenizer_config.json in the form those releases have (written by transformers 4: add_bos_token,
-add_eos_token and every added token in added_tokens_decoder; transformers 5 keeps them in tokenizer.json). The pieces, scores and kinds are the embedded Gemma 3 GGUF's, which llama.cpp's
-converter took from Google's tokenizer.model; two things the converter changed are undone: the added tokens'
-kinds (<unk> is SentencePiece's UNKNOWN piece, typed CONTROL in the GGUF because tokenizer_config marks it
-special) and their "▁" (written back as spaces in user-defined pieces). The trainer and normalizer settings
-are those of Gemma's tokenizer.model: BPE with byte fallback, no dummy prefix, whitespace kept as is."""
+and tokenizer_config.json in the form those releases have (written by transformers 4: add_bos_token,
+add_eos_token and every added token in added_tokens_decoder; transformers 5 keeps them in tokenizer.json).
+
+The pieces, scores and kinds are those of Google's own Gemma 3 GGUF (the embedded model), made from the
+release's tokenizer files; what that conversion changed is undone: <unk> is SentencePiece's UNKNOWN piece
+(CONTROL in the GGUF, because tokenizer_config marks it special), and user-defined pieces are spelled with
+"▁" again (the GGUF writes their spaces as spaces). The trainer and normalizer settings are those of Gemma's
+tokenizer.model: BPE with byte fallback, no dummy prefix, whitespace kept as it is."""
 
 from __future__ import annotations
 

@@ -82,7 +82,8 @@ def general_text_perplexity(model_dir: Path, adapter: Path | None, cutoff_len: i
 
     tokenizer, model = load(model_dir, adapter)
     total = count = 0.0
-    for paragraph in filter(None, (p.strip() for p in (ASSETS / "general_text.txt").read_text(encoding="utf-8").split("\n\n"))):
+    sample = (ASSETS / "general_text.txt").read_text(encoding="utf-8")
+    for paragraph in filter(None, (p.strip() for p in sample.split("\n\n"))):
         ids = torch.tensor([[tokenizer.bos_token_id, *tokenizer(paragraph, add_special_tokens=False).input_ids]])
         ids = ids[:, :cutoff_len]
         with torch.no_grad():

@@ -219,3 +219,21 @@ def test_rslora_and_dora_merge_into_what_the_adapter_computes(tmp_path: Path, ti
         base = AutoModelForCausalLM.from_pretrained(tiny_gemma3_dir)(ids).logits
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
     assert (want - base).abs().max() > 1e-3  # the adapter changed the model
+
+
+def test_merge_of_a_qlora_run_reloads_the_base_in_full_precision(tiny_run: tuple[Path, str], tmp_path: Path) -> None:
+    """A run whose config says model.load_in_4bit merges on this machine (no GPU, no 4-bit kernels) into the
+    same weights: merge never reads the setting, it reloads the base in full precision."""
+    import shutil
+
+    import yaml
+
+    run = shutil.copytree(tiny_run[0], tmp_path / "run", ignore=shutil.ignore_patterns("merged", "gguf", "checkpoints"))
+    config = yaml.safe_load((run / "run.yaml").read_text(encoding="utf-8"))
+    config["model"]["load_in_4bit"] = True
+    (run / "run.yaml").write_text(yaml.safe_dump(config, allow_unicode=True), encoding="utf-8")
+    assert main(["merge", str(run)]) == 0
+    merged = load_file(run / "merged" / "model.safetensors")
+    reference = load_file(tiny_run[0] / "merged" / "model.safetensors")
+    assert merged.keys() == reference.keys() and all(torch.equal(merged[k], reference[k]) for k in reference)
+    assert "quantization_config" not in json.loads((run / "merged" / "config.json").read_text())
