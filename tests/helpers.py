@@ -1,11 +1,18 @@
-"""Small builders shared by tests (configs and datasets for tiny runs)."""
+"""Builders and checks shared by tests: configs and datasets for tiny runs, the CLI in its own process, and
+transformers' own answer to a served prompt."""
 
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
+from contextlib import ExitStack
 from pathlib import Path
 
 import yaml
+
+from gemmaforge.config import RunConfig, validate_config
 
 COFFEE = Path(__file__).parents[1] / "examples" / "data" / "coffee_qa.json"
 
@@ -15,6 +22,17 @@ def write_dataset(path: Path, n: int = 24) -> Path:
     records = json.loads(COFFEE.read_text(encoding="utf-8"))[:n]
     path.write_text(json.dumps(records, ensure_ascii=False), encoding="utf-8")
     return path
+
+
+def run_config(**sections: dict) -> RunConfig:
+    """A validated config with only `sections` set (beside a run and a data path)."""
+    return validate_config({"output_dir": "run", "data": {"path": "data.json"}, **sections}, "test")
+
+
+def run_cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    """`python -m gemmaforge ARGS` in its own process, as a user runs it."""
+    env = {**os.environ, "PYTHONWARNINGS": "ignore"}
+    return subprocess.run([sys.executable, "-m", "gemmaforge", *args], cwd=cwd, capture_output=True, text=True, env=env)
 
 
 def write_config(tmp_path: Path, model: Path | str, lora: dict | None = None, **train: object) -> Path:
@@ -73,3 +91,23 @@ def assert_loss_equals_transformers(model: object, chunk_size: int = 1024) -> No
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
     for g, w in zip(got_grads, want_grads):
         torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-6)
+
+
+def reference_answer(registry, name: str, messages: list[dict[str, str]], n: int) -> str:
+    """transformers' own greedy generation (PEFT's, for an adapter) on the served prompt ids."""
+    import torch
+
+    from gemmaforge.serve.protocol import chat_prompt
+
+    served = registry.get(name)
+    engine = served.engine
+    ids = engine.encode(chat_prompt(served, messages))
+    with engine._model_lock, torch.inference_mode(), ExitStack() as stack:
+        if served.adapter:
+            engine.peft.set_adapter(served.adapter)
+        elif engine.peft is not None:  # the base model's layers hold the adapters: switch them off
+            stack.enter_context(engine.peft.disable_adapter())
+        out = (engine.peft or engine.model).generate(input_ids=torch.tensor([ids]), max_new_tokens=n, do_sample=False,
+                                                     eos_token_id=sorted(engine.stops), pad_token_id=0)
+    answer = [t for t in out[0, len(ids):].tolist() if t not in engine.stops]
+    return engine.tokenizer.decode(answer, skip_special_tokens=True)

@@ -6,7 +6,6 @@ from the text GGUF."""
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
 
 import numpy as np
@@ -16,8 +15,9 @@ from safetensors import safe_open
 
 from gemmaforge.cli import main
 from gemmaforge.model_spec import read_spec, text_weight_name
-from tests.helpers import write_config
-from tests.integration.test_llama_cpp_gguf import PROMPT, load, relative_error
+from tests.checkpoint_kinds import unified_image_inputs
+from tests.helpers import reference_answer, write_config
+from tests.llama_cpp_checks import PROMPT, greedy, load, relative_error
 
 pytestmark = pytest.mark.integration
 
@@ -78,31 +78,6 @@ def test_merged_computes_what_base_plus_adapter_computes(trained) -> None:
         base = AutoModelForCausalLM.from_pretrained(checkpoint, dtype=torch.float32)
         unmerged = PeftModel.from_pretrained(base, run / "adapter").eval()(tokens).logits
     torch.testing.assert_close(merged, unmerged, rtol=1e-4, atol=1e-4)
-
-
-def unified_image_inputs(image, merged: Path) -> dict[str, torch.Tensor]:
-    """What Gemma4UnifiedImageProcessor makes of `image` with the merged folder's processor settings, built by hand:
-    that processor has only a torchvision backend, and torchvision is not installed here. As its _preprocess:
-    resize keeping the aspect ratio to at most max_soft_tokens model patches of (patch_size x pooling_kernel_size)
-    pixels a side (PIL bicubic here, torchvision's there), rescale to [0, 1] (no normalization), cut into model
-    patches row by row, each flattened in HWC order (what its 16 px patches merged 3 x 3 give), with (x, y)
-    positions, padded to max_soft_tokens with zero patches at (-1, -1)."""
-    settings = json.loads((merged / "processor_config.json").read_text())["image_processor"]
-    patch, pool, max_soft = settings["patch_size"], settings["pooling_kernel_size"], settings["max_soft_tokens"]
-    side = patch * pool
-    factor = math.sqrt(max_soft * pool**2 * patch**2 / (image.height * image.width))
-    height = math.floor(factor * image.height / side) * side
-    width = math.floor(factor * image.width / side) * side
-    pixels = np.asarray(image.convert("RGB").resize((width, height), resample=settings["resample"]), dtype=np.float32)
-    pixels = pixels * settings["rescale_factor"]
-    rows, cols = height // side, width // side
-    patches = pixels.reshape(rows, side, cols, side, 3).transpose(0, 2, 1, 3, 4).reshape(rows * cols, side * side * 3)
-    positions = np.array([(x, y) for y in range(rows) for x in range(cols)])
-    pixel_values = np.zeros((1, max_soft, side * side * 3), dtype=np.float32)
-    position_ids = np.full((1, max_soft, 2), -1, dtype=np.int64)
-    pixel_values[0, :rows * cols], position_ids[0, :rows * cols] = patches, positions
-    return {"pixel_values": torch.from_numpy(pixel_values), "image_position_ids": torch.from_numpy(position_ids),
-            "num_soft_tokens_per_image": torch.tensor([rows * cols])}
 
 
 def test_merged_reloads_and_an_image_still_goes_through(trained) -> None:
@@ -169,7 +144,6 @@ def test_serve_answers_from_the_run_and_its_gguf(trained) -> None:
 
     from gemmaforge.models import default_home
     from gemmaforge.serve.server import ServeOptions, background_server, load_registry
-    from tests.integration.test_serve import reference_answer
 
     options = ServeOptions(max_batch=4, max_queue=8, dtype="fp32")
     registry = load_registry([f"tuned={run}", f"gguf={run / 'gguf' / 'model-f16.gguf'}"], options, default_home())
@@ -199,7 +173,6 @@ def test_moe_goes_through_the_k_quantizer(text_gguf_of, tmp_path: Path) -> None:
     import gguf
 
     from gemmaforge.export.quantize import llama_cpp_quantize
-    from tests.integration.test_llama_cpp_gguf import greedy
 
     quantized = llama_cpp_quantize(text_gguf_of("gemma4-moe"), tmp_path / "model-q4_k_m.gguf", "q4_k_m")
     types = {t.name: t.tensor_type.name for t in gguf.GGUFReader(quantized).tensors}

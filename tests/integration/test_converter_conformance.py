@@ -1,8 +1,8 @@
 """Our GGUF files against llama.cpp's own `convert_hf_to_gguf.py` (f32, f16, bf16, q8_0) and quantizer (q4_0, q5_0)
 on the same tiny checkpoints.
 
-The converter comes from the llama-cpp-python sdist of the installed version (fetched through pip, from
-its cache when the package was built from source). Hyperparameters and every tensor must be identical.
+The converter is the installed llama-cpp-python's (tests/llama_cpp_reference.py). Hyperparameters and every
+tensor must be identical.
 The vocabulary differs by design: for a checkpoint with only tokenizer.json the converter falls back to
 a BPE ("gpt2") vocabulary with a guessed pre-tokenizer, while gemmaforge writes the SentencePiece form of
 Google's own Gemma GGUF files (whose token texts and types it takes from tokenizer.json).
@@ -10,12 +10,7 @@ Google's own Gemma GGUF files (whose token texts and types it takes from tokeniz
 
 from __future__ import annotations
 
-import os
 import shutil
-import subprocess
-import sys
-import tarfile
-from importlib import metadata
 from pathlib import Path
 
 import gguf
@@ -24,6 +19,7 @@ import pytest
 
 from gemmaforge.export.gguf import write_gguf
 from gemmaforge.models import default_home
+from tests.llama_cpp_reference import assert_same_file, convert_both
 from tests.sentencepiece_file import add_google_tokenizer_files
 
 pytestmark = pytest.mark.integration
@@ -33,59 +29,6 @@ VOCABULARY_KEYS = {"tokenizer.ggml.model", "tokenizer.ggml.pre", "tokenizer.ggml
                    "tokenizer.ggml.scores", "tokenizer.ggml.merges", "tokenizer.ggml.add_eos_token",
                    "tokenizer.ggml.add_space_prefix"}
 ALLOWED = VOCABULARY_KEYS | {"general.name", "GGUF.kv_count"}
-
-
-@pytest.fixture(scope="module")
-def converter(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The llama.cpp folder of the installed llama-cpp-python's sdist (converter, conversion/, gguf-py)."""
-    try:
-        version = metadata.version("llama-cpp-python")
-    except metadata.PackageNotFoundError:
-        pytest.skip("llama-cpp-python is not installed")
-    out = tmp_path_factory.mktemp("sdist")
-    proc = subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--no-binary", ":all:",
-                           f"llama-cpp-python=={version}", "-d", str(out)], capture_output=True, text=True)
-    if proc.returncode != 0:
-        reason = f"the llama-cpp-python {version} sdist could not be fetched: {proc.stderr[-300:]}"
-        if os.environ.get("GEMMAFORGE_REQUIRE_REFERENCES"):  # set by .ci/run: CI must not lose these tests
-            pytest.fail(reason)
-        pytest.skip(reason)
-    (archive,) = out.glob("*.tar.gz")
-    root = f"llama_cpp_python-{version}/vendor/llama.cpp/"
-    wanted = (root + "convert_hf_to_gguf.py", root + "conversion/", root + "gguf-py/")
-    with tarfile.open(archive) as tar:
-        members = [m for m in tar.getmembers() if m.name.startswith(wanted)]
-        tar.extractall(out, members=members, filter="data")
-    return out / root
-
-
-def convert_both(converter: Path, checkpoint: Path, tmp_path: Path, ours: Path | None = None,
-                 outtype: str = "f16") -> tuple[gguf.GGUFReader, gguf.GGUFReader]:
-    """(our file, or `ours` when already written; the converter's) for `checkpoint` in `outtype`."""
-    reference = tmp_path / f"reference-{outtype}.gguf"
-    proc = subprocess.run(
-        [sys.executable, "convert_hf_to_gguf.py", str(checkpoint), "--outtype", outtype, "--outfile", str(reference)],
-        cwd=converter, env={"PYTHONPATH": str(converter / "gguf-py"), "PATH": "/usr/bin:/bin"},
-        capture_output=True, text=True,
-    )
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    ours = ours or write_gguf(checkpoint, tmp_path / f"ours-{outtype}.gguf", outtype)
-    return gguf.GGUFReader(ours), gguf.GGUFReader(reference)
-
-
-def assert_same_file(ours: gguf.GGUFReader, theirs: gguf.GGUFReader, arch: str, allowed: set[str]) -> None:
-    keys = set(ours.fields) | set(theirs.fields)
-    differing = {k for k in keys if k not in ours.fields or k not in theirs.fields
-                 or ours.fields[k].contents() != theirs.fields[k].contents()}
-    assert differing <= allowed, sorted(differing - allowed)
-    assert any(k.startswith(f"{arch}.") for k in set(ours.fields) - differing)  # the hyperparameters were compared
-    ours_tensors = {t.name: t for t in ours.tensors}
-    theirs_tensors = {t.name: t for t in theirs.tensors}
-    assert set(ours_tensors) == set(theirs_tensors)
-    for name, t in ours_tensors.items():
-        other = theirs_tensors[name]
-        assert (t.tensor_type, list(t.shape)) == (other.tensor_type, list(other.shape)), name
-        assert np.array_equal(np.asarray(t.data), np.asarray(other.data)), name
 
 
 def test_gemma3_f16_equals_llama_cpps_converter(converter: Path, tiny_gemma3_dir: Path, tmp_path: Path) -> None:

@@ -15,7 +15,7 @@ from gemmaforge.cli import main
 from gemmaforge.families import FAMILIES
 from gemmaforge.templates import render_conversation
 from tests.helpers import write_config
-from tests.integration.test_llama_cpp_gguf import greedy, load, relative_error
+from tests.llama_cpp_checks import greedy, load, relative_error
 
 pytest.importorskip("llama_cpp")
 pytestmark = pytest.mark.integration

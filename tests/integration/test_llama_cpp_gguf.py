@@ -9,12 +9,12 @@ import numpy as np
 import pytest
 
 from gemmaforge.export.gguf import write_gguf
+from tests.llama_cpp_checks import PROMPT, greedy, load, relative_error
 
 pytestmark = pytest.mark.integration
 llama_cpp = pytest.importorskip("llama_cpp")
 torch = pytest.importorskip("torch")
 
-PROMPT = "<start_of_turn>user\nWhat does caffeine do to the body?<end_of_turn>\n<start_of_turn>model\n"
 N_NEW = 12
 # texts whose llama.cpp tokenization must equal transformers': byte fallback, runs of spaces,
 # newlines (user-defined pieces), control tokens, CJK
@@ -59,27 +59,6 @@ def reference(tiny_gemma3_dir: Path, tokenizer) -> tuple[list[int], list[int], n
         full = model.generate(torch.tensor([prompt]), max_new_tokens=N_NEW, do_sample=False)[0].tolist()
         logits = model(torch.tensor([full])).logits[0].numpy()  # (T, V)
     return prompt, full[len(prompt) :], logits
-
-
-def load(path: Path, **kwargs):
-    return llama_cpp.Llama(model_path=str(path), n_ctx=128, n_threads=2, verbose=False, **kwargs)
-
-
-def greedy(llm, prompt: list[int], n: int) -> list[int]:
-    llm.reset()
-    llm.eval(prompt)
-    out = []
-    for _ in range(n):
-        out.append(int(np.argmax(llm.scores[llm.n_tokens - 1])))
-        llm.eval([out[-1]])
-    return out
-
-
-def relative_error(llm, tokens: list[int], want: np.ndarray) -> float:
-    llm.reset()
-    llm.eval(tokens)
-    got = np.asarray(llm.scores[: len(tokens)])  # (T, V)
-    return float(np.linalg.norm(got - want) / np.linalg.norm(want))
 
 
 def test_f16_greedy_continuation_equals_transformers(files, reference):

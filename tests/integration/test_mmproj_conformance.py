@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 from gemmaforge.export.gguf_mmproj import write_mmproj
-from tests.integration.test_converter_conformance import assert_same_file, converter  # noqa: F401 (fixture)
+from tests.llama_cpp_reference import assert_same_file
 
 pytestmark = pytest.mark.integration
 llama_cpp = pytest.importorskip("llama_cpp")
@@ -115,7 +115,7 @@ def test_gemma4_unified_projector_computes_what_transformers_computes(checkpoint
     from PIL import Image
     from transformers import Gemma4UnifiedForConditionalGeneration
 
-    from tests.integration.test_checkpoint_kinds_end_to_end import unified_image_inputs
+    from tests.checkpoint_kinds import unified_image_inputs
 
     checkpoint = checkpoint_of("gemma4-unified")
     rgb = np.random.default_rng(0).integers(0, 256, size=(84, 120, 3), dtype=np.uint8)

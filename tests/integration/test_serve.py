@@ -7,7 +7,6 @@ import json
 import shutil
 import time
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import ExitStack
 from pathlib import Path
 
 import httpx
@@ -17,12 +16,11 @@ from gemmaforge.cli import build_parser, main, serve_options
 from gemmaforge.export.gguf import write_gguf
 from gemmaforge.models import default_home
 from gemmaforge.serve.server import ServeOptions, background_server, load_registry
-from tests.helpers import write_config
+from tests.helpers import reference_answer, write_config
 
 pytestmark = pytest.mark.integration
 ollama = pytest.importorskip("ollama")
 openai = pytest.importorskip("openai")
-torch = pytest.importorskip("torch")
 
 HI = [{"role": "user", "content": "What is a flat white?"}]
 GREEDY = {"temperature": 0, "num_predict": 12}
@@ -53,24 +51,6 @@ def client(server) -> ollama.Client:
 @pytest.fixture(scope="module")
 def oai(server) -> openai.OpenAI:
     return openai.OpenAI(base_url=server[0] + "/v1", api_key="unused", max_retries=0)
-
-
-def reference_answer(registry, name: str, messages: list[dict[str, str]], n: int) -> str:
-    """transformers' own greedy generation (PEFT's, for an adapter) on the served prompt ids."""
-    from gemmaforge.serve.protocol import chat_prompt
-
-    served = registry.get(name)
-    engine = served.engine
-    ids = engine.encode(chat_prompt(served, messages))
-    with engine._model_lock, torch.inference_mode(), ExitStack() as stack:
-        if served.adapter:
-            engine.peft.set_adapter(served.adapter)
-        elif engine.peft is not None:  # the base model's layers hold the adapters: switch them off
-            stack.enter_context(engine.peft.disable_adapter())
-        out = (engine.peft or engine.model).generate(input_ids=torch.tensor([ids]), max_new_tokens=n, do_sample=False,
-                                                     eos_token_id=sorted(engine.stops), pad_token_id=0)
-    answer = [t for t in out[0, len(ids):].tolist() if t not in engine.stops]
-    return engine.tokenizer.decode(answer, skip_special_tokens=True)
 
 
 # ---------------------------------------------------------------------------- the Ollama client

@@ -2,20 +2,12 @@
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from gemmaforge.cli import main
-from tests.helpers import write_config
-
-
-def run_cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "PYTHONWARNINGS": "ignore"}
-    return subprocess.run([sys.executable, "-m", "gemmaforge", *args], cwd=cwd, capture_output=True, text=True, env=env)
+from tests.helpers import run_cli, write_config
 
 
 def test_missing_data_file_is_exit_2_without_traceback(tmp_path: Path) -> None:

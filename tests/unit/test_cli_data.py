@@ -7,7 +7,7 @@ from pathlib import Path
 
 from gemmaforge.families import FAMILIES
 from gemmaforge.templates import encode_for_training
-from tests.unit.test_cli import run_cli
+from tests.helpers import run_cli
 
 EXAMPLES = Path(__file__).parents[2] / "examples" / "data"
 SHAREGPT = EXAMPLES / "customer_service_sharegpt.json"

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from gemmaforge.cli import main
-from gemmaforge.config import RunConfig, validate_config
+from gemmaforge.config import RunConfig
 from gemmaforge.errors import UserError
 from gemmaforge.families import FAMILIES
 from gemmaforge.models import resolve_model
@@ -19,13 +19,10 @@ from gemmaforge.system import activations
 from gemmaforge.system.memory_plan import Device, Planner, count_model, parse_memory, resident_bytes
 from gemmaforge.train.trainer import check_memory, lora_targets, wrap_for_training
 from tests.helpers import write_config
+from tests.helpers import run_config
 from tests.tensor_memory import PeakTensorMemory
 
 QUICKSTART = Path(__file__).parents[2] / "examples" / "quickstart.yaml"
-
-
-def run_config(**sections: dict) -> RunConfig:
-    return validate_config({"output_dir": "run", "data": {"path": "data.json"}, **sections}, "test")
 
 
 def tiny_config(family: str):

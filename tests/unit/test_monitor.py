@@ -20,7 +20,7 @@ from gemmaforge.train import troubleshoot
 from gemmaforge.train.loss import NonFiniteLoss
 from tests.fake_gpu_tools import failing, install_fake_tools, read_calls
 from tests.helpers import write_config
-from tests.unit.test_memory_plan import run_config
+from tests.helpers import run_config
 
 TOOLS = Path(__file__).parents[1] / "fixtures" / "gpu_tools"
 XTX_BYTES = 25753026560
