@@ -65,3 +65,27 @@ def test_a_trained_output_layer_is_left_to_autograd() -> None:
     assert fusable_output_layer(trained) is None
     assert fusable_output_layer(with_bias) is None
     assert linear_cross_entropy(torch.randn(2, HIDDEN), torch.tensor([1, 2]), trained, None, 4) is None
+
+
+@pytest.mark.parametrize(("dtype", "softcap"), [(torch.bfloat16, None), (torch.bfloat16, 30.0),
+                                                (torch.float32, None), (torch.float32, 30.0)])
+def test_a_chunk_holds_the_bytes_per_logit_the_planner_prices(dtype: torch.dtype, softcap: float | None) -> None:
+    """The measured peak of one chunk's loss and gradient, per supervised position and vocabulary entry, is what
+    the memory planner's logit_bytes says (6 in bf16, 4 in fp32, 8 with soft-capping) within 2%: the n x V
+    buffers are all there is (a narrow hidden size leaves the rest negligible)."""
+    from transformers import Gemma2Config
+
+    from gemmaforge.system.memory_plan import logit_bytes
+    from gemmaforge.train.linear_cross_entropy import _chunk_loss
+    from tests.tensor_memory import PeakTensorMemory
+
+    n, vocab, hidden = 64, 8192, 8
+    h, weight = torch.randn(n, hidden, dtype=dtype), torch.randn(vocab, hidden, dtype=dtype)
+    targets = torch.randint(0, vocab, (n,))
+    inputs = sum(x.untyped_storage().nbytes() for x in (h, weight, targets))
+    with PeakTensorMemory(h, weight, targets) as tracked:  # the inputs are counted, then taken off the peak
+        loss, dlogits = _chunk_loss(h, targets, weight, None, None, softcap, True)
+    assert dlogits.shape == (n, vocab) and torch.isfinite(loss)
+    config = Gemma2Config(final_logit_softcapping=softcap)
+    assert (tracked.peak - inputs) / (n * vocab) == pytest.approx(logit_bytes(config, dtype), rel=0.02)
+    assert logit_bytes(config, dtype) == (8 if softcap else 6 if dtype == torch.bfloat16 else 4)
