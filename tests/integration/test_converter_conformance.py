@@ -19,6 +19,7 @@ import pytest
 
 from gemmaforge.export.gguf import write_gguf
 from gemmaforge.models import default_home
+from tests.conftest import save_tiny
 from tests.llama_cpp_reference import assert_same_file, convert_both
 from tests.sentencepiece_file import add_google_tokenizer_files
 
@@ -64,6 +65,36 @@ def test_q4_0_and_q5_0_equal_llama_cpps_quantizer(quant: str, tiny_gemma3_dir: P
     for t in ours.tensors:
         other = reference[t.name]
         assert t.tensor_type == other.tensor_type and np.array_equal(np.asarray(t.data), np.asarray(other.data)), t.name
+
+
+def test_at_a_width_of_256_llama_cpps_quantizer_puts_the_tied_embedding_at_q6_k(tiny_gemma3_dir: Path,
+                                                                             tmp_path: Path) -> None:
+    """Where the embedding's rows are a multiple of 256 wide (Gemma 3 4B: 2560), llama.cpp's q4_0 stores the tied
+    embedding at Q6_K and we keep Q8_0; every other tensor is still byte-identical."""
+    import ctypes
+
+    import torch
+    from transformers import Gemma3ForCausalLM, Gemma3TextConfig
+
+    llama_cpp = pytest.importorskip("llama_cpp")
+    torch.manual_seed(0)
+    config = Gemma3TextConfig(vocab_size=262144, hidden_size=256, intermediate_size=256, num_hidden_layers=1,
+                              num_attention_heads=1, num_key_value_heads=1, head_dim=256, query_pre_attn_scalar=256,
+                              sliding_window=64, max_position_embeddings=512, tie_word_embeddings=True,
+                              pad_token_id=0, bos_token_id=2, eos_token_id=1)
+    checkpoint = save_tiny(Gemma3ForCausalLM(config), tmp_path / "wide", tiny_gemma3_dir)
+    params = llama_cpp.llama_model_quantize_default_params()
+    params.ftype = llama_cpp.LLAMA_FTYPE_MOSTLY_Q4_0
+    source, theirs = write_gguf(checkpoint, tmp_path / "ours-f32.gguf", "f32"), tmp_path / "llama-cpp-q4_0.gguf"
+    assert llama_cpp.llama_model_quantize(str(source).encode(), str(theirs).encode(), ctypes.byref(params)) == 0
+    reference = {t.name: t for t in gguf.GGUFReader(theirs).tensors}
+    ours = {t.name: t for t in gguf.GGUFReader(write_gguf(checkpoint, tmp_path / "ours-q4_0.gguf", "q4_0")).tensors}
+    assert ours.keys() == reference.keys()
+    assert (ours.pop("token_embd.weight").tensor_type.name, reference["token_embd.weight"].tensor_type.name) == \
+        ("Q8_0", "Q6_K")
+    for name, t in ours.items():
+        assert t.tensor_type == reference[name].tensor_type
+        assert np.array_equal(np.asarray(t.data), np.asarray(reference[name].data)), name
 
 
 def test_a_checkpoint_with_tokenizer_model_equals_llama_cpps_converter_down_to_the_vocabulary(
