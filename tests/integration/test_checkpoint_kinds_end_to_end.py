@@ -120,9 +120,12 @@ def test_llama_cpp_computes_what_the_merged_model_computes(trained) -> None:
     error = relative_error(load(run / "gguf" / "model-f16.gguf", logits_all=True), tokens, want)
     print(f"{kind}: f16 GGUF logits relative error {error:.2e}")
     assert error < 5e-3
-    modelfile = (run / "ollama" / "Modelfile").read_text().splitlines()
-    froms = [line for line in modelfile if line.startswith("FROM ")]
+    modelfile = (run / "ollama" / "Modelfile").read_text()
+    froms = [line for line in modelfile.splitlines() if line.startswith("FROM ")]
     assert froms == ["FROM ../gguf/model-f16.gguf", "FROM ../gguf/mmproj-f16.gguf"]  # text, then the projector
+    # the Ollama that imports the pair, as README says: Gemma 3's from 0.11.11, Gemma 4's from 0.30.0
+    needed = "0.11.11" if kind.startswith("gemma3") else "0.30.0"
+    assert f"# Images: the second FROM is the vision projector; Ollama >= {needed} imports it" in modelfile
     assert (run / "gguf" / "mmproj-f16.gguf").is_file()
     assert json.loads((run / "manifest.json").read_text())["stages"]["export_gguf"]["status"] == "done"
     if kind == "gemma4-unified":  # the merged generation_config.json keeps suppress_tokens, and the text file has them
