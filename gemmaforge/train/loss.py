@@ -110,6 +110,14 @@ class SupervisedLossTrainer(Trainer):
         self.last_log_time = time.perf_counter()
         self.monitor: DeviceMonitor | None = None  # its readings join every training log
 
+    def _run_epoch(self, *args: Any, **kwargs: Any) -> Any:
+        # Resumed from the final checkpoint (the same command again after a later stage failed): the Trainer's
+        # loop checks max_steps only after a step, so it would train one step beyond it.
+        if 0 < self.state.max_steps <= self.state.global_step:
+            self.control.should_training_stop = True
+            return None
+        return super()._run_epoch(*args, **kwargs)
+
     def training_step(self, model: Any, inputs: dict[str, Any], num_items_in_batch: Any = None) -> torch.Tensor:
         labels = inputs["labels"]
         supervised = int((labels[:, 1:] != IGNORE_INDEX).sum())

@@ -244,6 +244,10 @@ def train(run: RunDir, config: RunConfig, base: ResolvedModel) -> dict[str, Any]
             tokenizer.save_pretrained(tmp)
     # what this process's loop trained (a resumed run trained only the steps after its checkpoint), all ranks
     examples, supervised = (sum(counts) for counts in zip(*gather((trainer.examples_trained, trainer.supervised_trained))))
+    train_loss: float | None = result.training_loss
+    if not examples:  # resumed from the final checkpoint: nothing trained now, so the logged losses tell
+        logged = [log["loss"] for log in trainer.state.log_history if "loss" in log]
+        train_loss = sum(logged) / len(logged) if logged else None
     return {
         "device": "cuda" if torch.cuda.is_available() else "cpu",
         "precision": precision,
@@ -253,7 +257,7 @@ def train(run: RunDir, config: RunConfig, base: ResolvedModel) -> dict[str, Any]
         "best_checkpoint": trainer.state.best_model_checkpoint,
         "samples": len(train_rows),
         "dropped_examples": dropped,
-        "train_loss": round(result.training_loss, 4),
+        "train_loss": round(train_loss, 4) if train_loss is not None else None,
         "eval_loss": round(final_eval["eval_loss"], 4) if "eval_loss" in final_eval else None,
         "train_runtime_s": round(runtime, 2),  # the training loop; the stage's runtime_s includes loading
         "samples_per_second": round(examples / runtime, 3),

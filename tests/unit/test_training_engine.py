@@ -67,6 +67,24 @@ def test_sigkill_then_same_command_resumes_from_the_last_complete_checkpoint(tmp
     assert all(torch.allclose(a[k], b[k], rtol=1e-4, atol=1e-6) for k in a), "resumed run differs from a straight run"
 
 
+def test_the_same_command_after_a_finished_training_trains_nothing_more(tmp_path: Path, tiny_gemma3_dir) -> None:
+    """`gemmaforge run` again after a later stage failed resumes train from its final checkpoint: no step beyond
+    max_steps (the Trainer's loop would take one), the same adapter, the same metrics."""
+    config = write_config(tmp_path, tiny_gemma3_dir, max_steps=2, save_steps=2)
+    assert main(["train", str(config)]) == 0
+    run = tmp_path / "run"
+    first, metrics = adapter_tensors(run), (run / "metrics.jsonl").read_text()
+    assert main(["train", str(config)]) == 0
+    record = manifest_train(run)
+    assert record["steps"] == 2 and record["resumed_from_step"] == 2
+    logged = [json.loads(line)["loss"] for line in metrics.splitlines() if "loss" in json.loads(line)]
+    assert record["train_loss"] == pytest.approx(sum(logged) / 2, abs=1e-4)
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["checkpoint-2"]
+    assert (run / "metrics.jsonl").read_text() == metrics
+    again = adapter_tensors(run)
+    assert first.keys() == again.keys() and all(torch.equal(first[k], again[k]) for k in first)
+
+
 def test_non_finite_loss_stops_with_a_diagnosis(tmp_path: Path, tiny_gemma3_dir, capsys: pytest.CaptureFixture[str]) -> None:
     config = write_config(tmp_path, tiny_gemma3_dir, max_steps=12, learning_rate=1e9, max_grad_norm=1e9,
                           save_steps=100, eval_strategy="no")
