@@ -203,6 +203,10 @@ def stage_export_ollama(run: RunDir, config: RunConfig, base: ResolvedModel, cre
 def run_all(config: RunConfig, home: Path) -> RunDir:
     run = RunDir.create(config)
     base = base_model(run, config, home)
+    if base.spec.multimodal and config.export.gguf:  # the projector GGUF needs the processor files: before training
+        from gemmaforge.export.gguf_mmproj import processor_config
+
+        processor_config(base.path)
     stage_data(run, config, base)
     stage_train(run, config, base)
     evaluate_gguf = config.eval.enabled and config.eval.engine == "llamacpp"

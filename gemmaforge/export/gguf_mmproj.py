@@ -374,7 +374,7 @@ def _converted(plan: list[_Planned]) -> Iterator[np.ndarray]:
 # ---------------------------------------------------------------------------- keys
 
 
-def _processor_config(model_dir: Path) -> dict[str, Any]:
+def processor_config(model_dir: Path) -> dict[str, Any]:
     """preprocessor_config.json (its media_proc_cfg merged up), then processor_config.json (its
     image_processor merged up) over it: where the converter finds the image normalization."""
     merged: dict[str, Any] = {}
@@ -464,7 +464,7 @@ def write_mmproj(model_dir: Path, out_path: Path, *, name: str | None = None) ->
     projector = _PROJECTORS.get(spec.architecture.name)
     if projector is None:
         raise UserError(f"{model_dir}: no projector GGUF format for {spec.architecture.name}")
-    processor = _processor_config(model_dir)
+    processor = processor_config(model_dir)
     plan = _plan(model_dir, spec, projector)
 
     out_path.parent.mkdir(parents=True, exist_ok=True)

@@ -4,18 +4,20 @@ language model only, our supervised loss equal to transformers' own, and the ref
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
 import torch
 
+from gemmaforge.cli import main
 from gemmaforge.config import RunConfig
 from gemmaforge.errors import UserError
 from gemmaforge.model_spec import read_spec
 from gemmaforge.models import load_causal_lm
 from gemmaforge.train.loss import supervised_loss
 from gemmaforge.train.trainer import wrap_for_training
-from tests.helpers import assert_loss_equals_transformers
+from tests.helpers import assert_loss_equals_transformers, write_config
 
 MULTIMODAL = ("gemma3-mm", "gemma4-e2b", "gemma4-moe", "gemma4-dense", "gemma4-unified")
 
@@ -139,3 +141,16 @@ def test_expert_lora_needs_no_dropout(tmp_path: Path) -> None:
     path.write_text("output_dir: x\ndata: {path: d.json}\nlora: {target_parameters: [experts.down_proj]}\n")
     with pytest.raises(UserError, match="lora.*target_parameters \\(expert LoRA\\) needs lora_dropout: 0"):
         load_config(path)
+
+
+def test_run_refuses_a_multimodal_checkpoint_without_processor_files_before_training(
+        checkpoint_of, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The projector GGUF takes the image normalization from the processor files: a checkpoint folder without them
+    is refused before the model loads, not after training and merging."""
+    checkpoint = shutil.copytree(checkpoint_of("gemma3-mm"), tmp_path / "stripped",
+                                 ignore=shutil.ignore_patterns("preprocessor_config.json", "processor_config.json"))
+    assert main(["run", str(write_config(tmp_path, checkpoint))]) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert f"{checkpoint} has neither preprocessor_config.json nor processor_config.json" in err
+    assert not (tmp_path / "run" / "adapter").exists() and not (tmp_path / "run" / "checkpoints").exists()
+
