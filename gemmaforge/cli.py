@@ -16,6 +16,7 @@ from gemmaforge.config import (
     DataConfig,
     ExportConfig,
     RunConfig,
+    Split,
     TrainConfig,
     apply_override,
     load_config,
@@ -24,11 +25,11 @@ from gemmaforge.config import (
 from gemmaforge.console import console, escape
 from gemmaforge.distributed import init_if_launched
 from gemmaforge.errors import StageError, UserError
-from gemmaforge.export.gguf_shards import Split, parse_size
 from gemmaforge.families import FAMILIES
 from gemmaforge.models import default_home
 from gemmaforge.runs import RunDir
 from gemmaforge.serve.server import ServeOptions
+from gemmaforge.units import parse_decimal_size
 
 EPILOG = """examples:
   gemmaforge run examples/quickstart.yaml                  # data -> train -> eval -> merge -> GGUF -> Modelfile
@@ -229,11 +230,12 @@ def add_system_verbs(verbs: argparse._SubParsersAction) -> None:
 def run_plan(args: argparse.Namespace, home: Path) -> bool:
     """Print the plan; True when it fits."""
     from gemmaforge.models import load_tokenizer, resolve_model
-    from gemmaforge.system.memory_plan import Planner, parse_memory, plan_json, plan_summary, this_device
+    from gemmaforge.train.memory_plan import Planner, plan_json, plan_summary, this_device
     from gemmaforge.train.precision import resolve_precision
+    from gemmaforge.units import parse_binary_size
 
     config = load_config(args.config, args.overrides)
-    gpu_memory = parse_memory(args.gpu_memory) if args.gpu_memory is not None else None
+    gpu_memory = parse_binary_size(args.gpu_memory) if args.gpu_memory is not None else None
     base = resolve_model(config.model.name_or_path, home, config.model.revision)
     requested = config.train.precision
     # for another machine's GPU, auto means bf16 (every GPU gemmaforge targets has it but RDNA1/2)
@@ -401,7 +403,7 @@ def dispatch(args: argparse.Namespace) -> int:
     elif args.verb == "chat":
         run_chat(args, home)
     elif args.verb == "doctor":
-        from gemmaforge.system.doctor import doctor
+        from gemmaforge.doctor import doctor
 
         return doctor(args.json)
     elif args.verb == "plan":
@@ -434,7 +436,7 @@ def dispatch(args: argparse.Namespace) -> int:
 def split_from(export: ExportConfig, args: argparse.Namespace) -> Split:
     """The config's GGUF split, with --split-max-size / --split-max-tensors taking precedence."""
     split = export.split()
-    size = parse_size(args.split_max_size, "--split-max-size") if args.split_max_size else split.max_bytes
+    size = parse_decimal_size(args.split_max_size, "--split-max-size") if args.split_max_size else split.max_bytes
     return Split(size, split.max_tensors if args.split_max_tensors is None else args.split_max_tensors)
 
 

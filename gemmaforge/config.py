@@ -7,6 +7,7 @@ from those libraries transfers. Unknown keys are errors with a did-you-mean, nev
 from __future__ import annotations
 
 import difflib
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
@@ -14,7 +15,23 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from gemmaforge.errors import UserError
-from gemmaforge.export.gguf_shards import Split, parse_size
+from gemmaforge.units import parse_decimal_size
+
+
+@dataclass(frozen=True)
+class Split:
+    """Start a new shard before a tensor would take the shard past `max_bytes`, or once it holds
+    `max_tensors` tensors (0: no limit). A model that fits one shard stays one unsplit file."""
+
+    max_bytes: int = 0
+    max_tensors: int = 0
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.max_bytes or self.max_tensors)
+
+
+NO_SPLIT = Split()
 
 
 class Section(BaseModel):
@@ -233,13 +250,13 @@ class ExportConfig(Section):
     def _size(cls, value: str | None) -> str | None:
         if value is not None:
             try:
-                parse_size(value)
+                parse_decimal_size(value)
             except UserError as e:
                 raise ValueError(str(e)) from None  # pydantic names the key
         return value
 
     def split(self) -> Split:
-        size = parse_size(self.split_max_size) if self.split_max_size else 0
+        size = parse_decimal_size(self.split_max_size) if self.split_max_size else 0
         return Split(size, self.split_max_tensors)
 
 

@@ -8,11 +8,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from gemmaforge.config import RunConfig
+from gemmaforge.config import RunConfig, Split
 from gemmaforge.console import console
 from gemmaforge.distributed import barrier, is_main_process
 from gemmaforge.errors import StageError, UserError
-from gemmaforge.export.gguf_shards import Split, gguf_parts
+from gemmaforge.export.gguf_shards import gguf_parts
 from gemmaforge.model_spec import read_spec
 from gemmaforge.models import ResolvedModel, resolve_model
 from gemmaforge.runs import RunDir

@@ -24,9 +24,9 @@ import numpy as np
 import torch
 from safetensors import safe_open
 
-from gemmaforge.config import GGUF_QUANTS
+from gemmaforge.config import GGUF_QUANTS, NO_SPLIT, Split
 from gemmaforge.errors import UserError
-from gemmaforge.export.gguf_shards import NO_SPLIT, Split, gguf_file, gguf_parts, split_gguf_file
+from gemmaforge.export.gguf_shards import gguf_file, gguf_parts, split_gguf_file
 from gemmaforge.export.gguf_vocab import load_vocab
 from gemmaforge.export.quantize import K_QUANTS, llama_cpp_quantize, quantizer
 from gemmaforge.model_spec import ModelSpec, read_spec, text_weight_name

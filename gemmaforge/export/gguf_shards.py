@@ -15,10 +15,10 @@ import shutil
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from gemmaforge.config import NO_SPLIT, Split
 from gemmaforge.errors import UserError
 
 if TYPE_CHECKING:
@@ -27,31 +27,8 @@ if TYPE_CHECKING:
 # gguf's SHARD_NAME_FORMAT ("{:s}-{:05d}-of-{:05d}.gguf"), matched and written without importing gguf (and
 # numpy) when the config and CLI load: only writing and reading files needs the package.
 _SHARD = re.compile(r"^(?P<stem>.+)-(?P<no>\d{5})-of-(?P<count>\d{5})\.gguf$")
-_UNITS = {"": 1, "K": 1000, "M": 1000**2, "G": 1000**3, "T": 1000**4}  # decimal, as llama.cpp's tools
 
 
-@dataclass(frozen=True)
-class Split:
-    """Start a new shard before a tensor would take the shard past `max_bytes`, or once it holds
-    `max_tensors` tensors (0: no limit). A model that fits one shard stays one unsplit file."""
-
-    max_bytes: int = 0
-    max_tensors: int = 0
-
-    @property
-    def enabled(self) -> bool:
-        return bool(self.max_bytes or self.max_tensors)
-
-
-NO_SPLIT = Split()
-
-
-def parse_size(text: str, what: str = "split size") -> int:
-    """'2G', '500M', '750K' or a byte count -> bytes (decimal units, as llama.cpp's --split-max-size)."""
-    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMGT]?)B?\s*", str(text), flags=re.IGNORECASE)
-    if not match or float(match[1]) <= 0:
-        raise UserError(f"{what} {text!r}: expected a positive size such as 2G, 500M or 1500000")
-    return int(float(match[1]) * _UNITS[match[2].upper()])
 
 
 def shard_name(path: Path, number: int, count: int) -> Path:

@@ -1,1 +1,1 @@
-"""What the machine offers training: GPU readings, memory plans and activation counts."""
+"""Facts about this machine: GPUs and their tools, ROCm, memory, the attention kernels that run here."""

@@ -15,6 +15,7 @@ from typing import Any
 
 from gemmaforge.console import console, escape
 from gemmaforge.system.gpu_tools import TOOLS, GpuQuery, GpuReading, query_gpus
+from gemmaforge.system.memory import resident_bytes
 from gemmaforge.system.rocm import visible_order
 
 GPU_FIELDS = ("utilization_pct", "memory_used_bytes", "memory_total_bytes", "temperature_c", "power_w")
@@ -104,8 +105,6 @@ def torch_memory() -> dict[str, int]:
     if torch.cuda.is_available():
         return {"torch_allocated_bytes": int(torch.cuda.memory_allocated()),
                 "torch_reserved_bytes": int(torch.cuda.memory_reserved())}
-    from gemmaforge.system.memory_plan import resident_bytes
-
     return {"rss_bytes": resident_bytes()}
 
 

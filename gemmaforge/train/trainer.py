@@ -12,23 +12,18 @@ from gemmaforge.data.prepare import read_prepared
 from gemmaforge.distributed import gather, is_main_process
 from gemmaforge.errors import StageError, UserError
 from gemmaforge.families import Family
-from gemmaforge.models import ResolvedModel, load_causal_lm, load_tokenizer, text_attention
+from gemmaforge.models import ResolvedModel, load_tokenizer
 from gemmaforge.runs import RunDir, atomic_dir
-from gemmaforge.system.memory_plan import Plan, Planner, plan_summary, this_device
 from gemmaforge.system.monitor import DeviceMonitor
 from gemmaforge.system.sdpa_probe import attention_finding
 from gemmaforge.templates import hf_chat_template
-from gemmaforge.train import packed_attention
 from gemmaforge.train.callbacks import MetricsCallback, TrainingProgress
 from gemmaforge.train.checkpoints import CompleteMarker, keep_metrics_until, last_complete_checkpoint
 from gemmaforge.train.collate import RightPadCollator, tokenize_conversations
-from gemmaforge.train.dropout import use_byte_mask_dropout
-from gemmaforge.train.geglu import use_recomputed_gelu
-from gemmaforge.train.lora_targets import resolve_lora_parameters, resolve_lora_targets
-from gemmaforge.train.loss import NonFiniteLoss, SupervisedLossTrainer, install_supervised_forward, peak_memory_bytes
+from gemmaforge.train.loss import NonFiniteLoss, SupervisedLossTrainer, peak_memory_bytes
+from gemmaforge.train.memory_plan import Plan, Planner, plan_summary, this_device
 from gemmaforge.train.packing import PackedCollator, pack_examples
 from gemmaforge.train.preflight import preflight
-from gemmaforge.train.template_tokens import use_sparse_template_tokens
 from gemmaforge.train.troubleshoot import (
     StepClock,
     diagnose_non_finite,
@@ -36,61 +31,7 @@ from gemmaforge.train.troubleshoot import (
     is_out_of_memory,
     slow_step_findings,
 )
-
-
-def lora_targets(config: RunConfig, base: ResolvedModel) -> list[str] | str:
-    return config.lora.target_modules or list(base.family.default_lora_targets)
-
-
-def template_token_ids(tokenizer: Any, family: Family) -> list[int]:
-    return tokenizer.convert_tokens_to_ids([family.chat.turn_start, family.chat.turn_end])
-
-
-def build_peft_model(config: RunConfig, base: ResolvedModel, tokenizer: Any, precision: str) -> Any:
-    import torch
-    from transformers import set_seed
-
-    set_seed(config.train.seed)  # the LoRA initialisation draws from the global RNG: same config, same run
-    dtype = torch.bfloat16 if precision == "bf16" else torch.float32
-    model = load_causal_lm(base.path, base.spec, dtype, load_in_4bit=config.model.load_in_4bit)
-    token_ids = template_token_ids(tokenizer, base.family) if config.lora.train_template_tokens else None
-    return wrap_for_training(model, config, base.family, lora_targets(config, base), token_ids)
-
-
-def wrap_for_training(model: Any, config: RunConfig, family: Family, targets: list[str] | str,
-                      template_ids: list[int] | None) -> Any:
-    """The PEFT model exactly as training runs it (the memory planner traces the same wrapping)."""
-    from peft import LoraConfig, get_peft_model, prepare_model_for_kbit_training
-
-    if config.train.packing and family.attn_implementation == "sdpa":
-        multimodal = model.config.get_text_config() is not model.config
-        model.set_attn_implementation(text_attention(multimodal, packed_attention.register()))  # each example alone
-    targets = resolve_lora_targets(model, targets)  # the language model only, never a tower or router
-    parameters = resolve_lora_parameters(model, config.lora.target_parameters) if config.lora.target_parameters else None
-    if config.model.load_in_4bit:
-        model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=config.train.gradient_checkpointing)
-    lora = config.lora
-    model = get_peft_model(
-        model,
-        LoraConfig(
-            task_type="CAUSAL_LM",
-            r=lora.r,
-            lora_alpha=lora.lora_alpha,
-            lora_dropout=lora.lora_dropout,
-            target_modules=targets,
-            target_parameters=parameters,
-            bias=lora.bias,
-            use_rslora=lora.use_rslora,
-            use_dora=lora.use_dora,
-            modules_to_save=lora.modules_to_save,
-            trainable_token_indices=template_ids,
-        ),
-    )
-    use_sparse_template_tokens(model)
-    use_byte_mask_dropout(model)
-    use_recomputed_gelu(model)
-    install_supervised_forward(model, config.train.logits_chunk_size)
-    return model
+from gemmaforge.train.wrapping import build_peft_model, lora_targets
 
 
 def training_arguments(config: RunConfig, run: RunDir, precision: str, has_val: bool) -> Any:

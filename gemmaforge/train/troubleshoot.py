@@ -14,8 +14,9 @@ from transformers import TrainerCallback
 
 from gemmaforge.config import RunConfig
 from gemmaforge.families import Family
-from gemmaforge.system.memory_plan import Plan, gib
 from gemmaforge.train.loss import NonFiniteLoss
+from gemmaforge.train.memory_plan import Plan
+from gemmaforge.units import gib
 
 DATA_WAIT_LIMIT = 0.10  # of each step spent waiting for the next batch
 PADDING_LIMIT = 0.25  # of the positions in a batch

@@ -8,10 +8,12 @@ import gguf
 import numpy as np
 import pytest
 
+from gemmaforge.config import Split
 from gemmaforge.errors import UserError
 from gemmaforge.export import gguf as gguf_export
 from gemmaforge.export.gguf import write_gguf
-from gemmaforge.export.gguf_shards import Split, exports_in, gguf_parts, parse_size
+from gemmaforge.export.gguf_shards import exports_in, gguf_parts
+from gemmaforge.units import parse_decimal_size
 
 pytestmark = pytest.mark.integration
 llama_cpp = pytest.importorskip("llama_cpp")
@@ -61,7 +63,7 @@ def test_split_by_size_keeps_every_shard_under_the_limit(tiny_gemma3_dir: Path, 
 
 
 def test_a_model_that_fits_one_shard_stays_one_file(tiny_gemma3_dir: Path, tmp_path: Path) -> None:
-    path = write_gguf(tiny_gemma3_dir, tmp_path / "m.gguf", "q8_0", split=Split(max_bytes=parse_size("2G")))
+    path = write_gguf(tiny_gemma3_dir, tmp_path / "m.gguf", "q8_0", split=Split(max_bytes=parse_decimal_size("2G")))
     assert path == tmp_path / "m.gguf" and [p.name for p in tmp_path.iterdir()] == ["m.gguf"]
     assert gguf.Keys.Split.LLM_KV_SPLIT_COUNT not in gguf.GGUFReader(path).fields
 
@@ -111,10 +113,10 @@ def test_an_incomplete_set_of_shards_is_named(tiny_gemma3_dir: Path, tmp_path: P
 @pytest.mark.parametrize(("text", "size"), [("2G", 2 * 10**9), ("500M", 5 * 10**8), ("1.5k", 1500), ("300", 300),
                                             ("4GB", 4 * 10**9)])
 def test_sizes_are_read_as_llama_cpp_reads_them(text: str, size: int) -> None:
-    assert parse_size(text) == size
+    assert parse_decimal_size(text) == size
 
 
 @pytest.mark.parametrize("text", ["", "0", "-1G", "2X", "G", "lots"])
 def test_a_bad_size_is_a_clear_error(text: str) -> None:
     with pytest.raises(UserError, match=f"split size {text!r}: expected a positive size such as 2G, 500M"):
-        parse_size(text)
+        parse_decimal_size(text)

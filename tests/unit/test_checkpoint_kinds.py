@@ -16,7 +16,7 @@ from gemmaforge.errors import UserError
 from gemmaforge.model_spec import read_spec
 from gemmaforge.models import load_causal_lm
 from gemmaforge.train.loss import supervised_loss
-from gemmaforge.train.trainer import wrap_for_training
+from gemmaforge.train.wrapping import wrap_for_training
 from tests.helpers import assert_loss_equals_transformers, write_config
 
 MULTIMODAL = ("gemma3-mm", "gemma4-e2b", "gemma4-moe", "gemma4-dense", "gemma4-unified")

@@ -87,3 +87,4 @@ def test_fp16_on_gemma3_is_refused_with_the_reason(tmp_path: Path, capsys: pytes
     assert main(["train", str(config)]) == 2
     assert "train.precision=fp16: gemma3 activations overflow in fp16" in capsys.readouterr().err
     assert not (tmp_path / "run" / "adapter").exists()
+

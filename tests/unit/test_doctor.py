@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from gemmaforge import doctor as doc
 from gemmaforge.cli import main
-from gemmaforge.system import doctor as doc
 from gemmaforge.system.gpu_tools import GpuQuery, GpuReading
 from gemmaforge.system.rocm import arch_from_target_version, has_bf16, kfd_gpus, override_arch, visible_order
 from tests.fake_gpu_tools import install_fake_tools

@@ -75,8 +75,8 @@ def test_a_chunk_holds_the_bytes_per_logit_the_planner_prices(dtype: torch.dtype
     buffers are all there is (a narrow hidden size leaves the rest negligible)."""
     from transformers import Gemma2Config
 
-    from gemmaforge.system.memory_plan import logit_bytes
     from gemmaforge.train.linear_cross_entropy import _chunk_loss
+    from gemmaforge.train.memory_plan import logit_bytes
     from tests.tensor_memory import PeakTensorMemory
 
     n, vocab, hidden = 64, 8192, 8

@@ -16,10 +16,12 @@ from gemmaforge.errors import UserError
 from gemmaforge.families import FAMILIES
 from gemmaforge.models import resolve_model
 from gemmaforge.system import activations
-from gemmaforge.system.memory_plan import Device, Planner, count_model, parse_memory, resident_bytes
-from gemmaforge.train.trainer import check_memory, lora_targets, wrap_for_training
-from tests.helpers import write_config
-from tests.helpers import run_config
+from gemmaforge.system.memory import resident_bytes
+from gemmaforge.train.memory_plan import Device, Planner, count_model
+from gemmaforge.train.trainer import check_memory
+from gemmaforge.train.wrapping import lora_targets, wrap_for_training
+from gemmaforge.units import parse_binary_size
+from tests.helpers import run_config, write_config
 from tests.tensor_memory import PeakTensorMemory
 
 QUICKSTART = Path(__file__).parents[2] / "examples" / "quickstart.yaml"
@@ -85,14 +87,14 @@ def test_counts_match_the_real_peft_model(tiny_gemma3_dir: Path, tmp_path: Path,
 
 @pytest.mark.parametrize(("text", "expected"), [("24GiB", 24 * 2**30), ("24G", 24 * 2**30), ("24 GB", 24 * 2**30),
                                                 ("16000MiB", 16000 * 2**20), ("0.5T", 2**39), ("1048576", 2**20)])
-def test_parse_memory(text: str, expected: int) -> None:
-    assert parse_memory(text) == expected
+def test_parse_binary_size(text: str, expected: int) -> None:
+    assert parse_binary_size(text) == expected
 
 
 @pytest.mark.parametrize("text", ["abc", "24 GiBs", "-1G", "0", "", "1e9", "24", "0.5"])
 def test_parse_memory_rejects(text: str) -> None:
     with pytest.raises(UserError, match=r"--gpu-memory .*expected a size with its unit, such as 24GiB"):
-        parse_memory(text)
+        parse_binary_size(text)
 
 
 @pytest.fixture(scope="module")
@@ -203,7 +205,7 @@ def test_the_plan_predicts_the_measured_peak_of_a_training_step(kind: str, preci
     and measure the peak of live tensor memory: within 20% (measured: the plan 1-16% above)."""
     from gemmaforge.models import load_tokenizer
     from gemmaforge.train.loss import install_supervised_forward
-    from gemmaforge.train.trainer import build_peft_model
+    from gemmaforge.train.wrapping import build_peft_model
 
     folder = tiny_gemma3_dir if kind == "gemma3-text" else checkpoint_of(kind)
     checkpointing = overrides.get("gradient_checkpointing", False)

@@ -14,13 +14,12 @@ import torch
 
 from gemmaforge.cli import main
 from gemmaforge.system.gpu_tools import GpuQuery
-from gemmaforge.system.memory_plan import Device, Plan
 from gemmaforge.system.monitor import MONITOR_KEYS, DeviceMonitor, status_line, visible_index
 from gemmaforge.train import troubleshoot
 from gemmaforge.train.loss import NonFiniteLoss
+from gemmaforge.train.memory_plan import Device, Plan
 from tests.fake_gpu_tools import failing, install_fake_tools, read_calls
-from tests.helpers import write_config
-from tests.helpers import run_config
+from tests.helpers import run_config, write_config
 
 TOOLS = Path(__file__).parents[1] / "fixtures" / "gpu_tools"
 XTX_BYTES = 25753026560

@@ -4,7 +4,7 @@ The peak is the sum of terms that are each counted, not guessed:
 * weights: the whole model built on the meta device (no memory) and wrapped as training wraps it; frozen
   weights in the training dtype, or NF4 (~0.52 bytes each) for the linear layers of a 4-bit base;
 * trainable: each trainable parameter in fp32 with its gradient and AdamW's two moments (16 bytes);
-* activations: what autograd keeps, per token and layer (system/activations.py), for full rows of
+* activations: what autograd keeps, per token and layer (train/activations.py), for full rows of
   cutoff_len tokens (the worst batch); with gradient checkpointing, the layers' inputs;
 * backward: while a layer's backward runs, its gradients take about what it kept (with gradient
   checkpointing, its recomputed activations as well);
@@ -21,17 +21,16 @@ from __future__ import annotations
 import json
 import math
 import os
-import re
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from gemmaforge.config import RunConfig
-from gemmaforge.errors import UserError
 from gemmaforge.models import ResolvedModel
-from gemmaforge.system.activations import ActivationProfile, profile_activations, text_config
+from gemmaforge.system.memory import available_ram, resident_bytes
+from gemmaforge.train.activations import ActivationProfile, profile_activations, text_config
+from gemmaforge.units import gib
 
-GiB = 2**30
 ADAMW_BYTES_PER_PARAM = 16  # fp32 value, gradient, two moments
 NF4_BYTES_PER_PARAM = 0.5 + 1 / 64 + 4 / (64 * 256)  # 4 bits, an 8-bit absmax per 64, an fp32 per 256 absmax
 GPU_CONTEXT_BYTES = 512 * 2**20  # CUDA/HIP context and kernels outside torch's allocator (typical; not measured here)
@@ -191,7 +190,7 @@ def count_model(model_config: Any, base: ResolvedModel, config: RunConfig, dtype
     import torch
     from transformers import AutoModelForCausalLM
 
-    from gemmaforge.train.trainer import lora_targets, wrap_for_training
+    from gemmaforge.train.wrapping import lora_targets, wrap_for_training
 
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(model_config, dtype=dtype)
@@ -232,24 +231,6 @@ def checkpoint_bytes(model_dir: Path) -> int:
     return sum(f.stat().st_size for f in model_dir.glob("*.safetensors"))
 
 
-def gib(n: float) -> str:
-    return f"{n / GiB:.2f} GiB"
-
-
-_UNITS = {"": 1, "b": 1, "k": 2**10, "kb": 2**10, "kib": 2**10, "m": 2**20, "mb": 2**20, "mib": 2**20,
-          "g": GiB, "gb": GiB, "gib": GiB, "t": 2**40, "tb": 2**40, "tib": 2**40}
-
-
-def parse_memory(text: str, source: str = "--gpu-memory") -> int:
-    """'24GiB', '24G', '24GB', '16000MiB', '0.5T' -> bytes. GPU memory is sold in binary units (a 24 GB card
-    has 24 GiB), so GB and G mean GiB here."""
-    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*", text)
-    size = int(float(match.group(1)) * _UNITS[match.group(2).lower()]) if match and match.group(2).lower() in _UNITS else 0
-    if size < 2**20:  # '24' without a unit would be 24 bytes: surely not what was meant
-        raise UserError(f"{source} {text!r}: expected a size with its unit, such as 24GiB, 16G or 8000MiB")
-    return size
-
-
 # ---------------------------------------------------------------------------- devices
 
 
@@ -265,26 +246,6 @@ def this_device(gpu_memory: int | None = None) -> Device:
         return Device("gpu", torch.cuda.get_device_name(index), int(free), 0)
     rss = resident_bytes()
     return Device("cpu", "this CPU", available_ram() + rss, rss)
-
-
-def resident_bytes() -> int:
-    """This process's resident memory now."""
-    try:
-        pages = int(Path("/proc/self/statm").read_text().split()[1])
-    except (OSError, IndexError, ValueError):
-        return 0
-    return pages * os.sysconf("SC_PAGE_SIZE")
-
-
-def available_ram() -> int:
-    """MemAvailable from /proc/meminfo (what can be used without swapping), else total memory."""
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
-    except (OSError, ValueError):
-        pass
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
 def plan_summary(plan: Plan) -> str:

@@ -31,6 +31,7 @@ from typing import Any
 
 from gemmaforge import __version__
 from gemmaforge.system.gpu_tools import GpuQuery, query_gpus
+from gemmaforge.system.memory import total_ram
 from gemmaforge.system.rocm import (
     AMD_VENDOR_ID,
     OVERRIDE_FOR,
@@ -189,7 +190,7 @@ def check_devices(f: Facts) -> Check:
         listed = "; ".join(f"{i}: {d['name']} ({d['arch']}, {d['memory_bytes'] / GiB:.1f} GiB)"
                            for i, d in enumerate(f.torch.devices))
         return Check("devices", "Devices torch sees", "pass", listed)
-    cores, ram = os.cpu_count() or 0, _ram_bytes()
+    cores, ram = os.cpu_count() or 0, total_ram()
     detail = f"no GPU visible to torch: training runs on the CPU ({cores} cores, {ram / GiB:.1f} GiB RAM)"
     if f.amd_present or f.tools.gpus:
         return Check("devices", "Devices torch sees", "fail", detail.replace("training runs", "training would run"),
@@ -529,7 +530,3 @@ def _dist_version(name: str) -> str | None:
 def _older_than(version: str, minimum: tuple[int, int]) -> bool:
     parts = [int(p) for p in version.split(".")[:2] if p.isdigit()]
     return tuple(parts) < minimum if len(parts) == 2 else False
-
-
-def _ram_bytes() -> int:
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")

@@ -182,7 +182,7 @@ def _uninitialised_weights() -> Iterator[None]:
 def _probe_model(probe_config: Any, family: Family, config: RunConfig, dtype: Any, checkpointing: bool) -> Any:
     from transformers import AutoModelForCausalLM
 
-    from gemmaforge.train.trainer import wrap_for_training
+    from gemmaforge.train.wrapping import wrap_for_training
 
     probe_run = config.model_copy(deep=True)
     probe_run.model.load_in_4bit = False  # the probe runs on the CPU; NF4 weights keep the same activations

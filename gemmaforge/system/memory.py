@@ -1,0 +1,30 @@
+"""This machine's memory: what the process holds, what is free, what is installed."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+
+def resident_bytes() -> int:
+    """This process's resident memory now."""
+    try:
+        pages = int(Path("/proc/self/statm").read_text().split()[1])
+    except (OSError, IndexError, ValueError):
+        return 0
+    return pages * os.sysconf("SC_PAGE_SIZE")
+
+
+def available_ram() -> int:
+    """MemAvailable from /proc/meminfo (what can be used without swapping), else total memory."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError):
+        pass
+    return total_ram()
+
+
+def total_ram() -> int:
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")

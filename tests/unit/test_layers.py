@@ -1,0 +1,69 @@
+"""The package's layers point one way (README, "Architecture"): every gemmaforge module imports only from its own
+layer or the ones below, function-level imports included. A new module must be given its layer here."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+PACKAGE = Path(__file__).parents[2] / "gemmaforge"
+
+# bottom up; a module belongs to the layer of its longest matching name
+LAYERS: list[tuple[str, tuple[str, ...]]] = [
+    ("core", ("gemmaforge", "gemmaforge.errors", "gemmaforge.console", "gemmaforge.units", "gemmaforge.families",
+              "gemmaforge.templates", "gemmaforge.config", "gemmaforge.distributed", "gemmaforge.runs",
+              "gemmaforge.model_spec", "gemmaforge.models")),
+    ("system", ("gemmaforge.system",)),
+    ("training library", ("gemmaforge.train",)),
+    ("data stage", ("gemmaforge.data",)),
+    ("train stage", ("gemmaforge.train.trainer", "gemmaforge.train.troubleshoot")),
+    ("export stage", ("gemmaforge.export",)),
+    ("evaluate stage", ("gemmaforge.evaluate",)),
+    ("pipeline", ("gemmaforge.pipeline",)),
+    ("front ends", ("gemmaforge.cli", "gemmaforge.__main__", "gemmaforge.serve", "gemmaforge.doctor")),
+]
+
+
+def layer_of(module: str) -> int:
+    matches = [(len(prefix), rank) for rank, (_, prefixes) in enumerate(LAYERS) for prefix in prefixes
+               if module == prefix or module.startswith(prefix + ".")]
+    assert matches, f"{module} has no layer: add it to LAYERS in {Path(__file__).name}"
+    return max(matches)[1]
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imported(tree: ast.AST) -> list[tuple[str, int]]:
+    """(gemmaforge module, line) for every import anywhere in the file; `from gemmaforge import x` names the
+    submodule x when there is one."""
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found += [(alias.name, node.lineno) for alias in node.names if alias.name.startswith("gemmaforge")]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == "gemmaforge":
+            for alias in node.names:
+                sub = f"{node.module}.{alias.name}"
+                is_module = (PACKAGE.parent / sub.replace(".", "/")).with_suffix(".py").is_file() or \
+                    (PACKAGE.parent / sub.replace(".", "/")).is_dir()
+                found.append((sub if is_module else node.module, node.lineno))
+    return found
+
+
+def test_no_module_imports_from_a_layer_above_its_own() -> None:
+    upward = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        source = module_name(path)
+        for target, line in imported(ast.parse(path.read_text(encoding="utf-8"))):
+            if layer_of(target) > layer_of(source):
+                upward.append(f"{path.relative_to(PACKAGE.parent)}:{line}: {source} ({LAYERS[layer_of(source)][0]}) "
+                              f"imports {target} ({LAYERS[layer_of(target)][0]})")
+    assert not upward, "\n".join(upward)
+
+
+def test_the_check_sees_imports_inside_functions(tmp_path: Path) -> None:
+    tree = ast.parse("def f():\n    from gemmaforge.cli import main\n")
+    assert imported(tree) == [("gemmaforge.cli", 2)]
+    assert layer_of("gemmaforge.train.trainer") > layer_of("gemmaforge.train.loss") > layer_of("gemmaforge.system.rocm")
