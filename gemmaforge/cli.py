@@ -408,6 +408,8 @@ def dispatch(args: argparse.Namespace) -> int:
         return doctor(args.json)
     elif args.verb == "plan":
         return 0 if run_plan(args, home) else 1
+    elif args.verb == "export" and args.target == "gguf" and (ignored := ignored_gguf_flags(args)):
+        raise UserError(ignored)
     elif args.verb == "export" and args.target == "gguf" and is_checkpoint(args.run_dir):
         split = split_from(ExportConfig(), args)
         pipeline.export_checkpoint_gguf(args.run_dir, args.quant or ["f16"], args.output, split)
@@ -431,6 +433,23 @@ def dispatch(args: argparse.Namespace) -> int:
         else:
             pipeline.stage_export_ollama(run, config, base, create=args.create, adapter=args.adapter)
     return 0
+
+
+def ignored_gguf_flags(args: argparse.Namespace) -> str:
+    """Why `export gguf` cannot honour these flags together ('' when it can): --adapter writes the adapter alone,
+    from a run directory's adapter/."""
+    if not args.adapter:
+        return ""
+    if is_checkpoint(args.run_dir):
+        return (f"--adapter exports a run's LoRA adapter, and {args.run_dir} is a checkpoint folder, not a run "
+                "directory: leave out --adapter to convert the checkpoint")
+    given = [flag for flag, value in (("--quant", args.quant), ("--output", args.output),
+                                      ("--split-max-size", args.split_max_size),
+                                      ("--split-max-tensors", args.split_max_tensors)) if value is not None]
+    if given:
+        return (f"--adapter writes RUN_DIR/gguf/adapter-f16.gguf, whole and in f16: {', '.join(given)} "
+                "do not apply to it (they are for the merged model: leave out --adapter)")
+    return ""
 
 
 def split_from(export: ExportConfig, args: argparse.Namespace) -> Split:

@@ -88,3 +88,22 @@ def test_fp16_on_gemma3_is_refused_with_the_reason(tmp_path: Path, capsys: pytes
     assert "train.precision=fp16: gemma3 activations overflow in fp16" in capsys.readouterr().err
     assert not (tmp_path / "run" / "adapter").exists()
 
+
+@pytest.mark.parametrize("flags", [["--quant", "q8_0"], ["--output", "x.gguf"], ["--split-max-size", "2G"],
+                                   ["--split-max-tensors", "10"]])
+def test_export_gguf_adapter_refuses_the_flags_it_would_ignore(tmp_path: Path, flags: list[str],
+                                                               capsys: pytest.CaptureFixture[str]) -> None:
+    """--adapter writes adapter-f16.gguf whole: a quant, an output file or a split asked for beside it would be
+    dropped without a word, so the command is refused before anything loads."""
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "run.yaml").write_text(write_config(tmp_path, "gemma3-270m").read_text(encoding="utf-8"))
+    assert main(["export", "gguf", str(tmp_path / "run"), "--adapter", *flags]) == 2
+    assert f"--adapter writes RUN_DIR/gguf/adapter-f16.gguf, whole and in f16: {flags[0]} do not apply" in \
+        " ".join(capsys.readouterr().err.split())
+
+
+def test_export_gguf_adapter_of_a_checkpoint_folder_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "config.json").write_text('{"architectures": ["Gemma3ForCausalLM"], "model_type": "gemma3_text"}')
+    assert main(["export", "gguf", str(tmp_path), "--adapter"]) == 2
+    assert f"--adapter exports a run's LoRA adapter, and {tmp_path} is a checkpoint folder" in \
+        " ".join(capsys.readouterr().err.split())
