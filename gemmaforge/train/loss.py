@@ -8,7 +8,6 @@ output layer runs only on the hidden states whose next token is supervised.
 from __future__ import annotations
 
 import math
-import resource
 import time
 import types
 from typing import Any
@@ -19,6 +18,7 @@ import torch.utils.checkpoint
 from transformers import Trainer
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
+from gemmaforge.system.memory import peak_memory_bytes
 from gemmaforge.system.monitor import DeviceMonitor
 from gemmaforge.templates import IGNORE_INDEX
 from gemmaforge.train.linear_cross_entropy import linear_cross_entropy
@@ -154,10 +154,3 @@ class SupervisedLossTrainer(Trainer):
         with torch.no_grad():
             loss = model(**inputs).loss
         return loss.detach(), None, None
-
-
-def peak_memory_bytes() -> int:
-    """Peak accelerator memory allocated by torch, or the process's peak resident memory on the CPU."""
-    if torch.cuda.is_available():
-        return int(torch.cuda.max_memory_allocated())
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB

@@ -14,13 +14,14 @@ from gemmaforge.errors import StageError, UserError
 from gemmaforge.families import Family
 from gemmaforge.models import ResolvedModel, load_tokenizer
 from gemmaforge.runs import RunDir, atomic_dir
+from gemmaforge.system.memory import peak_memory_bytes
 from gemmaforge.system.monitor import DeviceMonitor
 from gemmaforge.system.sdpa_probe import attention_finding
 from gemmaforge.templates import hf_chat_template
 from gemmaforge.train.callbacks import MetricsCallback, TrainingProgress
 from gemmaforge.train.checkpoints import CompleteMarker, keep_metrics_until, last_complete_checkpoint
 from gemmaforge.train.collate import RightPadCollator, tokenize_conversations
-from gemmaforge.train.loss import NonFiniteLoss, SupervisedLossTrainer, peak_memory_bytes
+from gemmaforge.train.loss import NonFiniteLoss, SupervisedLossTrainer
 from gemmaforge.train.memory_plan import Plan, Planner, plan_summary, this_device
 from gemmaforge.train.packing import PackedCollator, pack_examples
 from gemmaforge.train.preflight import preflight
