@@ -86,3 +86,27 @@ def test_dump_writes_every_default_and_round_trips(tmp_path: Path) -> None:
     raw = yaml.safe_load(text)
     assert raw["train"]["cutoff_len"] == 512 and raw["lora"]["r"] == 8
     assert RunConfig.model_validate(raw) == config
+
+
+def test_the_readme_shows_the_shipped_quickstart_config() -> None:
+    """README's "Configuration" section quotes examples/quickstart.yaml: the same settings, key for key."""
+    root = Path(__file__).parents[2]
+    section = (root / "README.md").read_text(encoding="utf-8").split("## Configuration")[1]
+    quoted = yaml.safe_load(section.split("```yaml\n")[1].split("```")[0])
+    assert quoted == yaml.safe_load((root / "examples" / "quickstart.yaml").read_text(encoding="utf-8"))
+
+
+def test_the_quickstart_suite_asks_unseen_questions_and_checks_the_persona() -> None:
+    """README: 252 questions answered in the persona (every answer opens with 咖啡师小贴士), and a suite of 12 coffee
+    questions they do not hold, the 11 Chinese ones checked for that opening."""
+    import json
+
+    from gemmaforge.evaluate.suite import load_suite
+
+    cases = load_suite(EXAMPLES / "suites" / "coffee.yaml")
+    records = json.loads((EXAMPLES / "data" / "coffee_qa.json").read_text(encoding="utf-8"))
+    assert len(records) == 252 and all(r["output"].startswith("咖啡师小贴士：") for r in records)
+    training = json.dumps(records, ensure_ascii=False)
+    assert len(cases) == 12 and not [c.prompt for c in cases if c.prompt in training]
+    persona = [c for c in cases if any(k.name == "starts_with" and k.value == "咖啡师小贴士" for k in c.checks)]
+    assert len(persona) == 11 and all(c.prompt.isascii() for c in cases if c not in persona)
