@@ -4,6 +4,7 @@ layer or the ones below, function-level imports included. A new module must be g
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 PACKAGE = Path(__file__).parents[2] / "gemmaforge"
@@ -67,3 +68,15 @@ def test_the_check_sees_imports_inside_functions(tmp_path: Path) -> None:
     tree = ast.parse("def f():\n    from gemmaforge.cli import main\n")
     assert imported(tree) == [("gemmaforge.cli", 2)]
     assert layer_of("gemmaforge.train.trainer") > layer_of("gemmaforge.train.loss") > layer_of("gemmaforge.system.rocm")
+
+
+def test_the_readme_draws_these_layers() -> None:
+    """README's "Architecture" names the layers above, bottom up (the four stages as one step, in their order)."""
+    readme = (PACKAGE.parent / "README.md").read_text(encoding="utf-8")
+    section = readme.split("## Architecture")[1].split("\n## ")[0]
+    drawn = re.findall(r"^\d\. \*\*([a-z ]+)\*\*", section, flags=re.MULTILINE)
+    names = [name if not name.endswith(" stage") else "stages" for name, _ in LAYERS]
+    assert drawn == list(dict.fromkeys(names))
+    stages = [name.removesuffix(" stage") for name, _ in LAYERS if name.endswith(" stage")]
+    assert re.search(r"\*\*stages\*\*, in this order: `data/`.*the train recipe.*`export/`.*`evaluate/`",
+                     section.replace("\n", " ")) and stages == ["data", "train", "export", "evaluate"]
