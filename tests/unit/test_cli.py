@@ -107,3 +107,11 @@ def test_export_gguf_adapter_of_a_checkpoint_folder_is_refused(tmp_path: Path, c
     assert main(["export", "gguf", str(tmp_path), "--adapter"]) == 2
     assert f"--adapter exports a run's LoRA adapter, and {tmp_path} is a checkpoint folder" in \
         " ".join(capsys.readouterr().err.split())
+
+
+def test_serve_listens_on_loopback_at_ollamas_port_by_default() -> None:
+    from gemmaforge.cli import build_parser
+
+    args = build_parser().parse_args(["serve", "gemma3-270m"])
+    assert (args.host, args.port) == ("127.0.0.1", 11434)
+

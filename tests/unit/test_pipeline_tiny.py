@@ -98,6 +98,11 @@ def test_modelfile_points_at_q8_and_stops_at_end_of_turn(tiny_run: tuple[Path, s
     assert "<bos>" not in text
     assert "ollama create tiny-coffee -f Modelfile" in text
     assert "SYSTEM" not in text  # trained without a system prompt
+    # the config's sampling defaults (export.ollama) and the Gemma Terms of Use notice as its LICENSE
+    for line in ("PARAMETER temperature 0.7", "PARAMETER top_p 0.95", "PARAMETER top_k 64", "PARAMETER num_ctx 4096"):
+        assert f"\n{line}\n" in text, line
+    assert 'LICENSE """Gemma is provided under and subject to the Gemma Terms of Use found at ai.google.dev/gemma/terms"""' \
+        in text
 
 
 def test_modelfile_carries_the_training_system_prompt(tmp_path: Path) -> None:
