@@ -110,3 +110,18 @@ def test_the_quickstart_suite_asks_unseen_questions_and_checks_the_persona() -> 
     assert len(cases) == 12 and not [c.prompt for c in cases if c.prompt in training]
     persona = [c for c in cases if any(k.name == "starts_with" and k.value == "咖啡师小贴士" for k in c.checks)]
     assert len(persona) == 11 and all(c.prompt.isascii() for c in cases if c not in persona)
+
+
+def test_the_defaults_readme_gives(monkeypatch: pytest.MonkeyPatch) -> None:
+    """eval's max_new_tokens 192, batch_size 32 and num_samples 16; models under ~/.cache/gemmaforge unless
+    GEMMAFORGE_HOME says otherwise."""
+    from gemmaforge.config import EvalConfig
+    from gemmaforge.models import default_home
+
+    defaults = EvalConfig()
+    assert (defaults.max_new_tokens, defaults.batch_size, defaults.num_samples) == (192, 32, 16)
+    monkeypatch.delenv("GEMMAFORGE_HOME", raising=False)
+    assert default_home() == Path.home() / ".cache" / "gemmaforge"
+    monkeypatch.setenv("GEMMAFORGE_HOME", "/srv/models")
+    assert default_home() == Path("/srv/models")
+

@@ -49,7 +49,13 @@ def test_doctor_passes_on_this_machine_and_says_why_bf16_is_or_is_not_used(capsy
     monkeypatch.delenv("HSA_OVERRIDE_GFX_VERSION", raising=False)
     code, result = run_doctor_json(capsys)
     assert code == 0 and result["status"] in ("pass", "warn")
-    assert result["schema"] == doc.SCHEMA
+    # the --json schema README documents, key for key
+    assert result["schema"] == "gemmaforge-doctor/1"
+    assert set(result) == {"schema", "gemmaforge", "status", "summary", "checks", "gpus", "precision"}
+    assert set(result["summary"]) == {"pass", "warn", "fail", "skip"}
+    assert sum(result["summary"].values()) == len(result["checks"])
+    assert all(set(c) == {"id", "title", "status", "detail", "fix"} for c in result["checks"])
+    assert set(result["precision"]) == {"bf16", "reason"}
     assert [c["id"] for c in result["checks"]] == DOCUMENTED_IDS
     assert all(c["status"] in ("pass", "warn", "skip") for c in result["checks"])
     assert all(c["fix"] for c in result["checks"] if c["status"] in ("warn", "fail"))
