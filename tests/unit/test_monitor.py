@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import sys
 import time
 from pathlib import Path
 
@@ -87,6 +88,7 @@ def test_the_thread_polls_until_stopped(tmp_path: Path, monkeypatch: pytest.Monk
     calls = len(read_calls(bin_dir))
     time.sleep(0.3)
     assert calls >= 3 and len(read_calls(bin_dir)) == calls
+    assert DeviceMonitor(index=0).interval_s == 5  # README: every 5 seconds
 
 
 def test_the_monitor_watches_the_gpu_this_process_uses(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -123,6 +125,7 @@ def test_training_logs_what_the_gpu_tools_say(tmp_path: Path, tiny_gemma3_dir: P
     steps = [row for row in rows if "loss" in row]
     assert len(steps) == 2 and all(row["gpu_power_w"] == power and row["rss_bytes"] > 0 for row in steps)
     assert all("7900 XTX" in row["gpu_name"] for row in steps)
+    assert not {"amdsmi", "pynvml"} & set(sys.modules)  # the tools run as programs, their libraries stay out
     record = json.loads((tmp_path / "run" / "manifest.json").read_text())["stages"]["train"]
     assert bool(record["monitor_problems"]) == problems
     assert record["planned_peak_bytes"] > 0 and 0 <= record["padding_share"] < 1

@@ -9,9 +9,11 @@ from pathlib import Path
 
 import pytest
 import torch
+import yaml
 from safetensors.torch import load_file
 
 from gemmaforge.cli import main
+from gemmaforge.config import dump_config, load_config
 from gemmaforge.families import FAMILIES
 from gemmaforge.templates import render_conversation
 from tests.helpers import write_config
@@ -50,13 +52,22 @@ def test_manifest_records_versions_base_and_stages(tiny_run: tuple[Path, str], t
     assert all(s["status"] == "done" and s["runtime_s"] >= 0 for s in stages.values())
     assert len(stages["data"]["train_sha256"]) == 64
     assert stages["train"]["steps"] == 4 and stages["train"]["precision"] in ("fp32", "bf16")
+    # README: what stages.train records, and the base model with its revision (a local folder: its files' hash)
+    assert {"samples", "samples_per_second", "supervised_tokens_per_second", "peak_memory_bytes",
+            "planned_peak_bytes", "device", "precision", "resumed_from_step", "best_checkpoint", "data_wait_share",
+            "padding_share", "slow_step_findings", "monitor_problems"} <= set(stages["train"])
+    assert len(manifest["base_model"]["revision"]) == 64
+    run_yaml = yaml.safe_load((tiny_run[0] / "run.yaml").read_text(encoding="utf-8"))
+    assert run_yaml == yaml.safe_load(dump_config(load_config(tiny_run[0] / "run.yaml")))  # every default written
+    assert run_yaml["train"]["lr_scheduler_type"] == "linear" and run_yaml["lora"]["use_dora"] is False
 
 
 def test_metrics_have_one_row_per_log_step(tiny_run: tuple[Path, str]) -> None:
     rows = [json.loads(line) for line in (tiny_run[0] / "metrics.jsonl").read_text().splitlines()]
     train_rows = [r for r in rows if "loss" in r]
     assert [r["step"] for r in train_rows] == [1, 2, 3, 4]
-    assert all({"loss", "learning_rate", "grad_norm"} <= set(r) for r in train_rows)
+    assert all({"loss", "learning_rate", "grad_norm", "supervised_tokens_per_second", "peak_memory_bytes"} <= set(r)
+               for r in train_rows)
     assert [r["step"] for r in rows if "eval_loss" in r] == [2, 4]
 
 

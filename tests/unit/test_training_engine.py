@@ -91,6 +91,8 @@ def test_non_finite_loss_stops_with_a_diagnosis(tmp_path: Path, tiny_gemma3_dir,
     assert main(["train", str(config)]) == 1
     err = capsys.readouterr().err
     assert "training stopped: the loss became" in err and "learning_rate=1000000000.0 is high" in err
+    flat = " ".join(err.split())
+    assert "add warmup: train.warmup_ratio=0.03" in flat and "check the data around this step" in flat
     assert not (tmp_path / "run" / "adapter").exists()
 
 
