@@ -115,3 +115,25 @@ def test_serve_listens_on_loopback_at_ollamas_port_by_default() -> None:
     args = build_parser().parse_args(["serve", "gemma3-270m"])
     assert (args.host, args.port) == ("127.0.0.1", 11434)
 
+
+
+def test_every_verb_and_target_has_help(capsys: pytest.CaptureFixture[str]) -> None:
+    """`gemmaforge --help` lists every verb README documents, and each verb (and export target) has its own."""
+    import argparse
+
+    from gemmaforge.cli import build_parser
+
+    parser = build_parser()
+    verbs = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices
+    readme = (Path(__file__).parents[2] / "README.md").read_text(encoding="utf-8")
+    documented = {line.split("`gemmaforge ")[1].split()[0].rstrip("`") for line in readme.splitlines()
+                  if line.startswith("### `gemmaforge ")}
+    assert documented <= set(verbs)
+    commands = [[verb] for verb in verbs if verb != "export"] + [["export", t] for t in ("gguf", "verify", "vllm",
+                                                                                        "ollama")]
+    commands += [["data", t] for t in ("prepare", "inspect")]
+    for command in [[], *commands]:
+        with pytest.raises(SystemExit) as exit_info:
+            parser.parse_args([*command, "--help"])
+        assert exit_info.value.code == 0, command
+        assert capsys.readouterr().out.startswith("usage: gemmaforge"), command
