@@ -90,7 +90,9 @@ def assert_loss_equals_transformers(model: object, chunk_size: int = 1024) -> No
     got_grads = torch.autograd.grad(got, trained)
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
     for g, w in zip(got_grads, want_grads):
-        torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-6)
+        # absolute slack scaled to the gradient: fp32 sums over the 262k-entry vocabulary in another order leave
+        # ~1e-5 of its largest entry on a trained output layer (measured 6.2e-6 of 0.66 on an AMD EPYC)
+        torch.testing.assert_close(g, w, rtol=1e-4, atol=max(1e-6, 1e-4 * float(w.abs().max())))
 
 
 def reference_answer(registry, name: str, messages: list[dict[str, str]], n: int) -> str:

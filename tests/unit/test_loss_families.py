@@ -31,6 +31,8 @@ def lora_model(path: Path, family: str, attention: str | None = None):
 
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32,
                                                  attn_implementation=attention or FAMILIES[family].attn_implementation)
+    with torch.no_grad():  # random tiny models give logits below 1, where a soft cap of 30 changes nothing
+        model.model.norm.weight.fill_(100.0)
     model = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, lora_dropout=0.0, target_modules=LINEAR)).train()
     torch.manual_seed(0)
     for p in model.parameters():
@@ -48,6 +50,10 @@ def test_supervised_loss_and_gradients_equal_transformers_labels_loss(family: st
         model.get_base_model().get_output_embeddings().weight.requires_grad_(True)
     softcap = getattr(model.get_base_model().config.get_text_config(), "final_logit_softcapping", None)
     assert bool(softcap) == (family in ("gemma2", "gemma4"))  # both soft-capping code paths are exercised
+    if softcap:  # in the cap's nonlinear range: tanh(x / 30) * 30 above 15 needs x above 16.5
+        with torch.no_grad():
+            logits = model.get_base_model()(input_ids=torch.randint(3, 20000, (1, 24))).logits
+        assert logits.abs().max() > softcap / 2
     assert_loss_equals_transformers(model, chunk_size=1024 if path == "fused" else 5)
 
 
