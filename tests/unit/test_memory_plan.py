@@ -15,7 +15,7 @@ from gemmaforge.config import RunConfig
 from gemmaforge.errors import UserError
 from gemmaforge.families import FAMILIES
 from gemmaforge.models import resolve_model
-from gemmaforge.system import activations
+from gemmaforge.train import activations
 from gemmaforge.system.memory import resident_bytes
 from gemmaforge.train.memory_plan import Device, Planner, count_model
 from gemmaforge.train.trainer import check_memory
