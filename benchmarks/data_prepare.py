@@ -20,8 +20,10 @@ import time
 from pathlib import Path
 
 TOPICS = ["咖啡", "退货", "运费", "发票", "保修", "coffee", "refund", "shipping", "invoice", "warranty"]
-ZH = "的一是在不了有和人这中大为上个国我以要他时来用们生到作地于出就分对成会可主发年动同工也能下过子说产种面而方后多定行学法所"
-EN = ["the", "of", "and", "to", "in", "is", "you", "that", "it", "he", "was", "for", "on", "are", "as", "with", "his", "they", "at", "be", "this", "have", "from", "or", "one", "had", "by", "word"]
+ZH = ("的一是在不了有和人这中大为上个国我以要他时来用们生到作地于出就分对成会可主发年动"
+      "同工也能下过子说产种面而方后多定行学法所")
+EN = ["the", "of", "and", "to", "in", "is", "you", "that", "it", "he", "was", "for", "on", "are", "as", "with",
+      "his", "they", "at", "be", "this", "have", "from", "or", "one", "had", "by", "word"]
 
 
 def sentence(rng: random.Random) -> str:

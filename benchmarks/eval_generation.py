@@ -53,7 +53,8 @@ def main() -> None:
     answers = engine.generate(chats, sampling)
     rows.append(("llama.cpp q4_K_M, one at a time", time.perf_counter() - start, answers))
 
-    print(f"{len(chats)} prompts, greedy, at most {args.max_new_tokens} new tokens, torch threads {torch.get_num_threads()}")
+    print(f"{len(chats)} prompts, greedy, at most {args.max_new_tokens} new tokens, "
+          f"torch threads {torch.get_num_threads()}")
     print("| engine | s | prompts/s | generated tokens | tokens/s | ended on stop token |")
     print("|---|---|---|---|---|---|")
     for name, seconds, answers in rows:

@@ -72,7 +72,8 @@ def main() -> None:
                 seconds, peak = measured([sys.executable, "convert_hf_to_gguf.py", str(model), "--outtype", args.quant,
                                           "--outfile", str(out), *(["--mmproj"] if args.mmproj else [])], converter,
                                          env={"PYTHONPATH": str(converter / "gguf-py"), "PATH": "/usr/bin:/bin"})
-            print(f"| {args.only} | {'mmproj ' if args.mmproj else ''}{args.quant} | {seconds:.1f} | {peak / 2**20:,.0f} | {out.stat().st_size / 2**20:,.0f} |")
+            print(f"| {args.only} | {'mmproj ' if args.mmproj else ''}{args.quant} | {seconds:.1f} | "
+                  f"{peak / 2**20:,.0f} | {out.stat().st_size / 2**20:,.0f} |")
             return
         print(f"model: {model}")
         print("| converter | quant | seconds | peak RSS MiB | file MiB |")

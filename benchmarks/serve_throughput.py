@@ -97,7 +97,8 @@ def raw_llama_cpp(gguf: Path, questions: list[str], args: argparse.Namespace) ->
     stop = llm.tokenize(b"<end_of_turn>", add_bos=False, special=True)[0]
     rates, ttfts = [], []
     for q in questions[: args.requests]:
-        text = render_conversation([{"role": "user", "content": q}], FAMILIES["gemma3"], add_generation_prompt=True).text
+        text = render_conversation([{"role": "user", "content": q}], FAMILIES["gemma3"],
+                                   add_generation_prompt=True).text
         ids = llm.tokenize(text.encode(), add_bos=False, special=True)
         begin, first, n = time.perf_counter(), None, 0
         for token in llm.generate(ids, top_k=1, temp=0.0, reset=True):

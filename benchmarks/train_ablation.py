@@ -120,7 +120,8 @@ def main() -> None:
     print("|---|---|---|---|---|---|---|")
     for r in results:
         print(f"| {r['variant']} | {r['examples']} | {r['seconds']} | {r['samples_per_second']} | "
-              f"{r['supervised_tokens_per_second']} | {r['tokens_processed'] / r['seconds']:.1f} | {r['peak_memory_mib']} |")
+              f"{r['supervised_tokens_per_second']} | {r['tokens_processed'] / r['seconds']:.1f} | "
+              f"{r['peak_memory_mib']} |")
     print(json.dumps(results, indent=2))
 
 

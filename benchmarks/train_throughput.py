@@ -21,11 +21,11 @@ Each contender trains in its own process (peak RSS is that process's). Reported 
 * samples/s: examples trained per second of the training loop (trainer.train(), model loading excluded);
 * supervised tokens/s: samples/s x the mean number of tokens that carry loss in gemmaforge's definition
   (answer + <end_of_turn>, `encode_for_training`) per train example, the same divisor for everyone;
-* MFU: 6 x parameters x tokens pushed through the model per second (padding included) / this machine's
-  measured matmul rate in the contender's precision (fp32 or bf16; best of 8 multiplies of 2048 x 2048). It is the usual 6N approximation, which
-  over-credits LoRA (frozen weights get no weight gradient: closer to 4N) and gemmaforge (its 262k-row output
-  layer runs only at supervised positions), so values near or above 100% mean "as fast as this CPU's matmul
-  rate allows", not an error;
+* MFU: 6 x parameters x tokens pushed through the model per second (padding included) / this machine's measured
+  matmul rate in the contender's precision (fp32 or bf16; best of 8 multiplies of 2048 x 2048). It is the
+  usual 6N approximation, which over-credits LoRA (frozen weights get no weight gradient: closer to 4N) and
+  gemmaforge (its 262k-row output layer runs only at supervised positions), so values near or above 100% mean
+  "as fast as this CPU's matmul rate allows", not an error;
 * eval loss: mean cross-entropy over the supervised tokens of the val split, computed here the same way
   for every trained adapter (fp32, no grad), and for the base model as a reference.
 

@@ -70,8 +70,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     def config_verb(name: str, help_text: str) -> None:
         p = verbs.add_parser(name, help=help_text, description=help_text)
-        p.add_argument("config", type=Path, help="YAML config (sections: output_dir, model, data, lora, train, eval, export)")
-        p.add_argument("overrides", nargs="*", metavar="key.sub=value", help="override config keys, e.g. train.max_steps=10")
+        p.add_argument("config", type=Path,
+                       help="YAML config (sections: output_dir, model, data, lora, train, eval, export)")
+        p.add_argument("overrides", nargs="*", metavar="key.sub=value",
+                       help="override config keys, e.g. train.max_steps=10")
 
     config_verb("run", "Run the whole pipeline: data, train, eval, merge, export gguf, export ollama.")
     config_verb("train", "Prepare the data and train the LoRA adapter (resumes from the run's last checkpoint).")
@@ -101,7 +103,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="split into shards of at most SIZE (2G, 500M) named NAME-00001-of-0000N.gguf, as llama.cpp's "
                    "gguf-split; llama.cpp loads the first shard (Ollama cannot import split files); default: the run "
                    "config's export.split_max_size")
-    p.add_argument("--split-max-tensors", type=_positive_int, metavar="N", help="split into shards of at most N tensors")
+    p.add_argument("--split-max-tensors", type=_positive_int, metavar="N",
+                   help="split into shards of at most N tensors")
     p.add_argument("--adapter", action="store_true",
                    help="write the LoRA adapter alone as RUN_DIR/gguf/adapter-f16.gguf (for llama.cpp --lora and "
                    "Ollama's ADAPTER on top of the base GGUF) instead of the merged model")
@@ -119,7 +122,8 @@ def build_parser() -> argparse.ArgumentParser:
         "no modules_to_save, no trained token rows).",
     )
     p.add_argument("run_dir", type=Path)
-    p.add_argument("--adapter", action="store_true", help="serve base + LoRA adapter (--enable-lora) instead of merged/")
+    p.add_argument("--adapter", action="store_true",
+                   help="serve base + LoRA adapter (--enable-lora) instead of merged/")
     p = targets.add_parser("ollama", help="Write RUN_DIR/ollama/Modelfile pointing at the run's GGUF.")
     p.add_argument("run_dir", type=Path)
     p.add_argument("--create", action="store_true", help="also run `ollama create NAME -f Modelfile`")
@@ -291,8 +295,10 @@ def add_eval_verb(verbs: argparse._SubParsersAction) -> None:
     )
     p.add_argument("run_dir", type=Path)
     p.add_argument("--suite", help="YAML or JSONL suite (default: a sample of the run's val prompts)")
-    p.add_argument("--engine", choices=["transformers", "llamacpp"], help="llamacpp: the tuned answers come from the exported GGUF")
-    p.add_argument("--fail-under", type=float, metavar="X", help="exit 1 when the tuned suite pass rate is below X (0-1)")
+    p.add_argument("--engine", choices=["transformers", "llamacpp"],
+                   help="llamacpp: the tuned answers come from the exported GGUF")
+    p.add_argument("--fail-under", type=float, metavar="X",
+                   help="exit 1 when the tuned suite pass rate is below X (0-1)")
     p.add_argument("overrides", nargs="*", metavar="key=value",
                    help="eval config keys, e.g. max_new_tokens=64 num_samples=32 do_sample=true retention=false")
 
@@ -319,7 +325,8 @@ def add_data_verbs(verbs: argparse._SubParsersAction) -> None:
     def common(p: argparse.ArgumentParser) -> None:
         p.add_argument("--format", choices=["auto", "alpaca", "sharegpt", "openai"], default="auto")
         p.add_argument("--system", help="system prompt for records without one")
-        p.add_argument("--model", default="gemma3-270m", help="tokenizer and template family (default: the embedded gemma3-270m)")
+        p.add_argument("--model", default="gemma3-270m",
+                       help="tokenizer and template family (default: the embedded gemma3-270m)")
         p.add_argument("--cutoff-len", type=int, default=TrainConfig.model_fields["cutoff_len"].default, metavar="N",
                        help="token limit, as train.cutoff_len (default: %(default)s)")
 

@@ -170,7 +170,9 @@ class TrainConfig(Section):
         None, ge=1, description="stop after this many evaluations without improvement (needs load_best_model_at_end)"
     )
     precision: Literal["auto", "bf16", "fp16", "fp32"] = "auto"
-    gradient_checkpointing: bool = Field(False, description="recompute activations in backward: less memory, ~30% slower")
+    gradient_checkpointing: bool = Field(
+        False, description="recompute activations in backward: less memory, ~30% slower"
+    )
     check_memory: bool = Field(
         True, description="refuse, before the model loads, a config the memory planner says cannot fit the device "
         "(`gemmaforge plan`); false: train anyway"
@@ -182,7 +184,8 @@ class TrainConfig(Section):
     @model_validator(mode="after")
     def _consistent(self) -> TrainConfig:
         if self.early_stopping_patience and not self.load_best_model_at_end:
-            raise ValueError("early_stopping_patience needs load_best_model_at_end: true (the best checkpoint is restored)")
+            raise ValueError("early_stopping_patience needs load_best_model_at_end: true "
+                             "(the best checkpoint is restored)")
         if self.load_best_model_at_end:
             if self.eval_strategy == "no":
                 raise ValueError("load_best_model_at_end needs evaluation: set eval_strategy to steps or epoch")
@@ -212,7 +215,9 @@ class EvalConfig(Section):
     engine: Literal["transformers", "llamacpp"] = Field(
         "transformers", description="llamacpp: the tuned answers come from the exported GGUF itself"
     )
-    gguf: str | None = Field(None, description="with engine llamacpp: which gguf/model-<quant>.gguf (default: the first exported)")
+    gguf: str | None = Field(
+        None, description="with engine llamacpp: which gguf/model-<quant>.gguf (default: the first exported)"
+    )
     max_new_tokens: int = Field(192, ge=1)
     batch_size: int = Field(32, ge=1, description="prompts generated together (left-padded, with KV cache)")
     do_sample: bool = Field(False, description="false: greedy; true: seeded sampling with temperature/top_p")

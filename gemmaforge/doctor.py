@@ -153,7 +153,8 @@ def gather(host: Host | None = None, tools: Callable[[], GpuQuery] = query_gpus)
 
 def check_platform(f: Facts) -> Check:
     return Check("platform", "OS and Python", "pass",
-                 f"{platform.system()} {platform.release()} ({platform.machine()}), Python {platform.python_version()}, "
+                 f"{platform.system()} {platform.release()} ({platform.machine()}), "
+                 f"Python {platform.python_version()}, "
                  f"gemmaforge {__version__}")
 
 
@@ -170,7 +171,8 @@ def check_torch(f: Facts) -> Check:
     t = f.torch
     if t.version is None:
         return Check("torch", "PyTorch build", "fail", f"torch cannot be imported ({t.error})",
-                     f"pip install torch --index-url {rocm_index_url(f.host)}  (ROCm; CUDA and CPU builds: pytorch.org)")
+                     f"pip install torch --index-url {rocm_index_url(f.host)}  "
+                     "(ROCm; CUDA and CPU builds: pytorch.org)")
     detail = f"torch {t.version}, {t.build} build"
     if f.amd_present and not t.hip and not (t.cuda and t.devices):  # an APU's GPU beside a working CUDA card
         return Check("torch", "PyTorch build", "fail", f"{detail}, but this machine has an AMD GPU: it cannot use it",
@@ -447,8 +449,8 @@ def check_llama_cpp(f: Facts) -> Check:
     tools = f"; binaries on PATH: {', '.join(binaries)}" if binaries else ""
     version = _dist_version("llama-cpp-python")
     if version is None:
-        return Check("llama_cpp", title, "warn", f"llama-cpp-python not installed: K-quant GGUF export, `export verify` "
-                     f"and `--engine llamacpp` need it{tools}", "pip install llama-cpp-python")
+        return Check("llama_cpp", title, "warn", f"llama-cpp-python not installed: K-quant GGUF export, "
+                     f"`export verify` and `--engine llamacpp` need it{tools}", "pip install llama-cpp-python")
     return Check("llama_cpp", title, "pass", f"llama-cpp-python {version}{tools}")
 
 
@@ -458,7 +460,8 @@ def check_ollama(f: Facts) -> Check:
         return Check("ollama", "Ollama", "warn", "no `ollama` on PATH: `export ollama --create` needs it (`gemmaforge "
                      "serve` speaks Ollama's API without it)", "curl -fsSL https://ollama.com/install.sh | sh")
     try:
-        out = subprocess.run([path, "--version"], check=False, capture_output=True, text=True, timeout=5, errors="replace")
+        out = subprocess.run([path, "--version"], check=False, capture_output=True, text=True, timeout=5,
+                             errors="replace")
         version = (out.stdout or out.stderr).strip().splitlines()[-1] if (out.stdout or out.stderr).strip() else "?"
     except (OSError, subprocess.TimeoutExpired) as exc:
         return Check("ollama", "Ollama", "warn", f"{path} does not answer --version ({type(exc).__name__})",
@@ -499,7 +502,8 @@ def render(result: dict[str, Any]) -> str:
     colour = {"pass": "green", "warn": "yellow", "fail": "red", "skip": "dim"}
     lines = [f"[bold]gemmaforge doctor[/] {result['gemmaforge']}"]
     for c in result["checks"]:
-        lines.append(f"  [{colour[c['status']]}]{c['status'].upper():4}[/]  {escape(c['title'])}: {escape(c['detail'])}")
+        lines.append(f"  [{colour[c['status']]}]{c['status'].upper():4}[/]  "
+                     f"{escape(c['title'])}: {escape(c['detail'])}")
         if c["fix"]:
             lines.append(f"        fix: {escape(c['fix'])}")
     s = result["summary"]

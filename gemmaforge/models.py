@@ -127,7 +127,8 @@ def _embedded_model(home: Path) -> tuple[Path, str]:
         ) from None
     target = home / "models" / EMBEDDED_NAME
     if not (target / "config.json").is_file():
-        console.print(f"[bold]gemmaforge[/]: preparing the embedded model {EMBEDDED_NAME} (once; about a minute or two)")
+        console.print(f"[bold]gemmaforge[/]: preparing the embedded model {EMBEDDED_NAME} "
+                      "(once; about a minute or two)")
         console.print(EMBEDDED_LICENSE_NOTE)
         gguf = embedded.assemble(home / "downloads" / embedded.MODEL_NAME)
         _convert_gguf_to_hf(gguf, target)

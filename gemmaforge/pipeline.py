@@ -37,7 +37,8 @@ def stage_data(run: RunDir, config: RunConfig, base: ResolvedModel) -> None:
         return
     with run.stage("data") as record:
         stats = prepare_data(
-            config.data, config.train.seed, run.data_dir, load_tokenizer(base.path), base.family, config.train.cutoff_len
+            config.data, config.train.seed, run.data_dir, load_tokenizer(base.path), base.family,
+            config.train.cutoff_len
         )
         record.update({k: stats[k] for k in ("format", "records", "kept", "train", "val", "dropped", "changed")})
         record.update(train_sha256=stats["train_sha256"], val_sha256=stats["val_sha256"])
@@ -67,7 +68,8 @@ def stage_eval(run: RunDir, config: RunConfig, base: ResolvedModel) -> None:
         record["regressions"] = results["regressions"]
     tuned = results["tuned"]
     console.print(
-        f"[bold]eval[/]: suite pass rate base {results['base']['suite_pass_rate']} -> tuned {tuned['suite_pass_rate']}, "
+        f"[bold]eval[/]: suite pass rate base {results['base']['suite_pass_rate']} -> "
+        f"tuned {tuned['suite_pass_rate']}, "
         f"eval loss {results['base']['eval_loss']} -> {tuned['eval_loss']}; report -> {eval_dir / 'report.md'}"
     )
     for line in results["regressions"]:

@@ -133,7 +133,11 @@ _HF_TEMPLATE = (
     "{%- endfor -%}"
     "{%- if add_generation_prompt -%}{{ '@START@model\\n' }}{%- endif -%}"
 )
-_HF_SYSTEM_TURN = "{%- if system_text is not none -%}{{ '@START@system\\n' + system_text | trim + '@END@\\n' }}{%- endif -%}"
+_HF_SYSTEM_TURN = (
+    "{%- if system_text is not none -%}"
+    "{{ '@START@system\\n' + system_text | trim + '@END@\\n' }}"
+    "{%- endif -%}"
+)
 _HF_SYSTEM_PREFIX = "{%- if loop.first and system_text is not none -%}{{ system_text + '@SEP@' }}{%- endif -%}"
 
 
@@ -182,4 +186,5 @@ def ollama_template(family: Family) -> str:
         text = _OLLAMA_SYSTEM_TURN + _OLLAMA_LOOP.replace("@USER_TURN@", _OLLAMA_USER)
     else:
         text = "{{- $first := true }}\n" + _OLLAMA_LOOP.replace("@USER_TURN@", _OLLAMA_USER_FOLDED)
-    return text.replace("@START@", chat.turn_start).replace("@END@", chat.turn_end).replace("@SEP@", chat.system_separator)
+    return (text.replace("@START@", chat.turn_start).replace("@END@", chat.turn_end)
+            .replace("@SEP@", chat.system_separator))

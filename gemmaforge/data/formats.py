@@ -121,7 +121,8 @@ def _alpaca(record: dict[str, Any], schema: Schema, where: str) -> list[Message]
     history = record.get(schema.history) if schema.history else None
     if history:
         if not isinstance(history, list) or not all(
-            isinstance(pair, list | tuple) and len(pair) == 2 and all(isinstance(x, str) for x in pair) for pair in history
+            isinstance(pair, list | tuple) and len(pair) == 2 and all(isinstance(x, str) for x in pair)
+            for pair in history
         ):
             raise UserError(f"{where}: field '{schema.history}' must be a list of [instruction, answer] string pairs")
         for old_prompt, old_answer in history:
@@ -156,7 +157,8 @@ def _turns(record: dict[str, Any], schema: Schema, where: str) -> list[Message]:
             raise UserError(f"{where}: turn {i + 1} has role '{tag}': tool and function-call turns are not supported")
         if tag not in roles:
             expected = ", ".join(f"'{t}'" for t in roles)
-            raise UserError(f"{where}: turn {i + 1} has unknown role '{tag}' ({schema.role_tag}); expected one of: {expected}")
+            raise UserError(f"{where}: turn {i + 1} has unknown role '{tag}' ({schema.role_tag}); "
+                            f"expected one of: {expected}")
         role = roles[tag]
         if role == "system" and i > 0:
             raise UserError(f"{where}: turn {i + 1} is a system message; only the first turn may be one")

@@ -75,7 +75,8 @@ def inspect_file(
             out.print(_highlight(text, labels, offsets, cutoff_len))
     if not as_json:
         out.print(_summary_table(lengths, supervised, over, cutoff_len))
-        out.print("[dim]dim: prompt (no loss)[/]  [bold green]green: supervised[/]  [red strike]red: cut by cutoff_len[/]")
+        out.print("[dim]dim: prompt (no loss)[/]  [bold green]green: supervised[/]  "
+                  "[red strike]red: cut by cutoff_len[/]")
 
 
 def _highlight(text: str, labels: list[int], offsets: list[tuple[int, int]], cutoff_len: int) -> Text:

@@ -80,7 +80,8 @@ def _entry(info_path: Path, name: str, info: dict[str, Any]) -> SourceSpec:
         raise UserError(f"{where}: ranking (preference) datasets are not supported; gemmaforge trains SFT data")
     formatting = entry.get("formatting", "alpaca")
     if formatting not in FORMATTINGS:
-        raise UserError(f"{where}: formatting '{formatting}' is not supported; expected one of: {', '.join(FORMATTINGS)}")
+        raise UserError(f"{where}: formatting '{formatting}' is not supported; "
+                        f"expected one of: {', '.join(FORMATTINGS)}")
     columns, tags = entry.get("columns"), entry.get("tags")
     for key, value in (("columns", columns), ("tags", tags)):
         if value is not None and not isinstance(value, dict):

@@ -76,7 +76,8 @@ def resolve_sources(config: DataConfig) -> tuple[list[SourceSpec], list[SourceSp
 class Preparer:
     """Turns sources into cleaned, length-checked conversations written as JSON Lines."""
 
-    def __init__(self, config: DataConfig, tokenizer: Any, family: Family, cutoff_len: int, progress: Callable[[int], None]):
+    def __init__(self, config: DataConfig, tokenizer: Any, family: Family, cutoff_len: int,
+                 progress: Callable[[int], None]):
         self.config, self.tokenizer, self.family, self.cutoff_len = config, tokenizer, family, cutoff_len
         self.progress = progress
         self.dedup = Deduplicator(config.clean.dedup, config.clean.near_dup_threshold)

@@ -65,7 +65,8 @@ def _decode(raw: bytes, where: str) -> str:
     try:
         return raw.decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise UserError(f"{where}: not UTF-8 text ({exc.reason} at byte {exc.start}); re-save the file as UTF-8") from None
+        raise UserError(f"{where}: not UTF-8 text ({exc.reason} at byte {exc.start}); "
+                        "re-save the file as UTF-8") from None
 
 
 def _jsonl_records(path: Path, progress: Progress | None) -> Iterator[tuple[str, Any]]:

@@ -199,7 +199,8 @@ def agreement_summary(merged: list[Generation], deployed: list[Generation], gguf
 
 def regressions(base: dict[str, Any], tuned: dict[str, Any], ec: EvalConfig) -> list[str]:
     found = []
-    if base["retention_accuracy"] is not None and tuned["retention_accuracy"] < base["retention_accuracy"] - ec.retention_tolerance:
+    if (base["retention_accuracy"] is not None
+            and tuned["retention_accuracy"] < base["retention_accuracy"] - ec.retention_tolerance):
         found.append(
             f"knowledge retention fell from {base['retention_accuracy']:.0%} to {tuned['retention_accuracy']:.0%} "
             f"of the probes (tolerance eval.retention_tolerance={ec.retention_tolerance})"

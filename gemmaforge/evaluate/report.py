@@ -103,7 +103,8 @@ def markdown(results: dict[str, Any]) -> str:
     if results["retention"]:
         wrong = [p for p in results["retention"] if p["base"]["correct"] and not p["tuned"]["correct"]]
         lines += ["", "## Knowledge retention", "",
-                  f"{len(results['retention'])} probes; answered by base {_fmt(results['base']['retention_accuracy'])}, "
+                  f"{len(results['retention'])} probes; answered by base "
+                  f"{_fmt(results['base']['retention_accuracy'])}, "
                   f"by tuned {_fmt(results['tuned']['retention_accuracy'])}. Forgotten (base right, tuned wrong): "
                   + (", ".join(f"{p['id']} ({_cell(p['tuned']['answer'])})" for p in wrong) or "none") + "."]
     return "\n".join(lines) + "\n"
@@ -125,7 +126,8 @@ def html_report(results: dict[str, Any], loss_plot: Path) -> str:
         "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td>{}</tr>".format(
             esc(case["id"]), esc(case["messages"][-1]["content"]), esc(case["reference"] or ""),
             esc("; ".join(case["checks"])),
-            "".join(f"<td class='{_css(case[side]['passed'])}'>{esc(case[side]['answer'])}</td>" for side in ("base", "tuned")),
+            "".join(f"<td class='{_css(case[side]['passed'])}'>{esc(case[side]['answer'])}</td>"
+                    for side in ("base", "tuned")),
         )
         for case in results["cases"]
     )
@@ -138,7 +140,8 @@ td,th{{border:1px solid #ccc;padding:4px 8px;vertical-align:top;white-space:pre-
 <h1>Evaluation: base vs tuned</h1><p>{esc(results['suite']['source'])}, engine {esc(results['engine'])}</p>
 <table><tr><th>metric</th><th>base</th><th>tuned</th><th></th></tr>{rows}</table>
 <h2>Regressions</h2><ul>{regressions}</ul>{plot}
-<h2>Answers side by side</h2><table><tr><th>case</th><th>prompt</th><th>reference</th><th>checks</th><th>base</th><th>tuned</th></tr>{cases}</table>
+<h2>Answers side by side</h2><table><tr><th>case</th><th>prompt</th><th>reference</th><th>checks</th>
+<th>base</th><th>tuned</th></tr>{cases}</table>
 </body></html>
 """
 

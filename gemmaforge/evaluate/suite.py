@@ -151,7 +151,8 @@ def _case_messages(raw: dict[str, Any], where: str) -> list[Message]:
     else:
         messages = raw["messages"]
         if not isinstance(messages, list) or not all(
-            isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str) for m in messages
+            isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
+            for m in messages
         ):
             raise UserError(f"{where}: `messages` must be a list of {{role, content}} mappings")
     system = raw.get("system")
@@ -185,7 +186,8 @@ def _parse_check(raw: Any, where: str) -> Check:
         try:
             re.compile(value)
         except re.error as exc:
-            raise UserError(f"{where}: check 'regex' pattern {value!r} is not a valid regular expression ({exc})") from None
+            raise UserError(f"{where}: check 'regex' pattern {value!r} is not a valid regular expression "
+                            f"({exc})") from None
     return Check(name, value)
 
 

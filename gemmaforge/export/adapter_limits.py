@@ -17,7 +17,8 @@ def require_plain_lora(config: dict[str, Any], adapter_dir: Path, *, dora: str, 
         raise UserError(f"{adapter_dir} adapts expert weights ({', '.join(config['target_parameters'])}){other}: "
                         f"{instead}")
     if config.get("modules_to_save"):
-        raise UserError(f"{adapter_dir} trains whole modules ({', '.join(config['modules_to_save'])}){other}: {instead}")
+        raise UserError(f"{adapter_dir} trains whole modules ({', '.join(config['modules_to_save'])}){other}: "
+                        f"{instead}")
     if config.get("trainable_token_indices"):
         raise UserError(f"{adapter_dir} trains the chat-marker embedding rows (lora.train_template_tokens){other}: "
                         f"{instead}, or train with lora.train_template_tokens: false")

@@ -73,7 +73,8 @@ def _core_hparams(w: gguf.GGUFWriter, cfg: dict[str, Any]) -> None:
         w.add_value_length(cfg["head_dim"])
         w.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
     except KeyError as missing:
-        raise UserError(f"config.json has no {missing.args[0]!r}: expected a complete Hugging Face Gemma config") from None
+        raise UserError(f"config.json has no {missing.args[0]!r}: "
+                        "expected a complete Hugging Face Gemma config") from None
 
 
 def _gemma_hparams(w: gguf.GGUFWriter, cfg: dict[str, Any]) -> None:

@@ -38,7 +38,8 @@ def write_adapter_gguf(adapter_dir: Path, out_path: Path, spec: ModelSpec) -> Pa
             for part, suffix in (("lora_a", ".lora_A.weight"), ("lora_b", ".lora_B.weight")):
                 if key.endswith(suffix):
                     hf_name = key.removeprefix(_PREFIX).removesuffix(suffix) + ".weight"
-                    pairs.setdefault(text_weight_name(spec, hf_name) or hf_name, {})[part] = f.get_tensor(key).float().numpy()
+                    pairs.setdefault(text_weight_name(spec, hf_name) or hf_name, {})[part] = \
+                        f.get_tensor(key).float().numpy()
     if not pairs:
         raise UserError(f"{adapter_dir}: no LoRA weights (lora_A / lora_B) in adapter_model.safetensors")
     r = config["r"]
@@ -63,6 +64,7 @@ def write_adapter_gguf(adapter_dir: Path, out_path: Path, spec: ModelSpec) -> Pa
 
 def _check_supported(config: dict, adapter_dir: Path) -> None:
     require_plain_lora(
-        config, adapter_dir, dora=", which llama.cpp cannot apply as an adapter", other=", which a GGUF adapter cannot carry",
+        config, adapter_dir, dora=", which llama.cpp cannot apply as an adapter",
+        other=", which a GGUF adapter cannot carry",
         instead=f"export the merged model instead (`gemmaforge merge {adapter_dir.parent}`, then `export gguf`)",
     )

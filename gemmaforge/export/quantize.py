@@ -18,7 +18,8 @@ from types import ModuleType
 from gemmaforge.errors import StageError, UserError
 from gemmaforge.export.gguf_shards import staged_output
 
-K_QUANTS = {"q4_k_m": "LLAMA_FTYPE_MOSTLY_Q4_K_M", "q5_k_m": "LLAMA_FTYPE_MOSTLY_Q5_K_M", "q6_k": "LLAMA_FTYPE_MOSTLY_Q6_K"}
+K_QUANTS = {"q4_k_m": "LLAMA_FTYPE_MOSTLY_Q4_K_M", "q5_k_m": "LLAMA_FTYPE_MOSTLY_Q5_K_M",
+            "q6_k": "LLAMA_FTYPE_MOSTLY_Q6_K"}
 
 
 def quantizer(quant: str) -> ModuleType:

@@ -22,7 +22,8 @@ VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 def vllm_command(run: RunDir, name: str, base_reference: str, max_model_len: int, adapter: bool) -> list[str]:
     if not adapter:
         merged = run.require(run.merged_dir / "config.json", "merge").parent
-        return ["vllm", "serve", str(merged.resolve()), "--served-model-name", name, "--max-model-len", str(max_model_len)]
+        return ["vllm", "serve", str(merged.resolve()), "--served-model-name", name,
+                "--max-model-len", str(max_model_len)]
     adapter_dir = run.require(run.adapter_dir / "adapter_config.json", "train").parent
     config = json.loads((adapter_dir / "adapter_config.json").read_text(encoding="utf-8"))
     rank = vllm_lora_rank(config, adapter_dir)
@@ -34,8 +35,8 @@ def vllm_command(run: RunDir, name: str, base_reference: str, max_model_len: int
 def vllm_lora_rank(config: dict, adapter_dir: Path) -> int:
     """The --max-lora-rank that admits this adapter, or a UserError naming what vLLM cannot serve."""
     merge_instead = f"serve the merged model instead (`gemmaforge export vllm {adapter_dir.parent}` without --adapter)"
-    require_plain_lora(config, adapter_dir, dora="; vLLM serves plain LoRA only", other="; vLLM loads LoRA weights only",
-                       instead=merge_instead)
+    require_plain_lora(config, adapter_dir, dora="; vLLM serves plain LoRA only",
+                       other="; vLLM loads LoRA weights only", instead=merge_instead)
     rank = max([config["r"], *(config.get("rank_pattern") or {}).values()])
     allowed = [r for r in VLLM_LORA_RANKS if r >= rank]
     if not allowed:
@@ -46,7 +47,8 @@ def vllm_lora_rank(config: dict, adapter_dir: Path) -> int:
 
 def write_vllm_script(run: RunDir, command: list[str]) -> Path:
     path = run.root / "vllm" / "serve.sh"
-    atomic_write_text(path, "#!/bin/sh\n# written by gemmaforge export vllm; needs `pip install vllm` on a GPU machine\n"
+    atomic_write_text(path, "#!/bin/sh\n"
+                      "# written by gemmaforge export vllm; needs `pip install vllm` on a GPU machine\n"
                       f"exec {shlex.join(command)} \"$@\"\n")
     path.chmod(0o755)
     return path

@@ -49,7 +49,8 @@ class Regime:
     shared: Cost
 
     def total(self, counts: dict[str, int], tokens: int, row: int) -> float:
-        return self.shared.bytes(tokens, row) + sum(n * self.layers[kind].bytes(tokens, row) for kind, n in counts.items())
+        return self.shared.bytes(tokens, row) + sum(n * self.layers[kind].bytes(tokens, row)
+                                                    for kind, n in counts.items())
 
 
 @dataclass(frozen=True)
@@ -188,7 +189,8 @@ def _probe_model(probe_config: Any, family: Family, config: RunConfig, dtype: An
     probe_run.model.load_in_4bit = False  # the probe runs on the CPU; NF4 weights keep the same activations
     probe_run.lora.modules_to_save = None  # full-vocabulary modules: counted with the weights, not here
     with _uninitialised_weights():
-        model = AutoModelForCausalLM.from_config(probe_config, dtype=dtype, attn_implementation=family.attn_implementation)
+        model = AutoModelForCausalLM.from_config(probe_config, dtype=dtype,
+                                                 attn_implementation=family.attn_implementation)
     for param in model.parameters():
         param.data.zero_()  # uninitialised memory may hold NaNs, whose arithmetic is slow on some CPUs
     targets = config.lora.target_modules or list(family.default_lora_targets)

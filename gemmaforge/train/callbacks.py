@@ -76,7 +76,8 @@ class TrainingProgress(ProgressCallback):
         if "loss" not in logs and "eval_loss" not in logs:
             return
         parts = [f"step {state.global_step}/{state.max_steps}"]
-        parts += [f"{key.replace('_', ' ')} {logs[key]:.4g}" for key in ("loss", "eval_loss", "grad_norm") if key in logs]
+        parts += [f"{key.replace('_', ' ')} {logs[key]:.4g}" for key in ("loss", "eval_loss", "grad_norm")
+                  if key in logs]
         if "learning_rate" in logs:
             parts.append(f"lr {logs['learning_rate']:.2e}")
         if "supervised_tokens_per_second" in logs:

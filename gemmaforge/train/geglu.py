@@ -45,7 +45,8 @@ def _is_tanh_gelu(act: Any) -> bool:
 def use_recomputed_gelu(model: torch.nn.Module) -> int:
     """Switch every gated tanh-GELU MLP of `model` to GatedGelu; returns how many."""
     mlps = [m for m in model.modules()
-            if all(hasattr(m, name) for name in ("gate_proj", "up_proj", "down_proj")) and _is_tanh_gelu(getattr(m, "act_fn", None))]
+            if all(hasattr(m, name) for name in ("gate_proj", "up_proj", "down_proj"))
+            and _is_tanh_gelu(getattr(m, "act_fn", None))]
     for mlp in mlps:
         mlp.forward = types.MethodType(_forward, mlp)
     return len(mlps)

@@ -28,7 +28,8 @@ def language_linears(model: Any) -> tuple[str, dict[str, nn.Module]]:
     return prefix, linears
 
 
-def resolve_lora_targets(model: Any, requested: list[str] | str, config_key: str = "lora.target_modules") -> list[str] | str:
+def resolve_lora_targets(model: Any, requested: list[str] | str,
+                         config_key: str = "lora.target_modules") -> list[str] | str:
     """PEFT's `target_modules` for `requested` (module names or 'all-linear') on `model`. A text-only model
     gets the names themselves (its decoder is all there is); a multimodal one a pattern anchored at its
     language model. Names that match no linear layer of the language model are a UserError listing the
@@ -69,7 +70,8 @@ def resolve_lora_parameters(model: Any, requested: list[str], config_key: str = 
             raise UserError(f"{config_key}: {name} is a MoE router's weight; the router is never trained")
         if name not in experts and not any(e.endswith(f".{name}") for e in experts):
             targetable = ", ".join(experts) if experts else "none: this checkpoint has no experts (no MoE block)"
-            raise UserError(f"{config_key}: {name} matches no expert weight of the language model; targetable: {targetable}")
+            raise UserError(f"{config_key}: {name} matches no expert weight of the language model; "
+                            f"targetable: {targetable}")
     return list(requested)
 
 

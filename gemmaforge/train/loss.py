@@ -81,7 +81,8 @@ def install_supervised_forward(model: Any, chunk_size: int) -> None:
                 position_ids: torch.Tensor | None = None, labels: torch.Tensor | None = None,
                 num_items_in_batch: Any = None, **_: Any) -> CausalLMOutputWithPast:
         inputs = {"input_ids": input_ids, "labels": labels}
-        inputs.update({"position_ids": position_ids} if position_ids is not None else {"attention_mask": attention_mask})
+        inputs.update({"position_ids": position_ids} if position_ids is not None
+                      else {"attention_mask": attention_mask})
         return CausalLMOutputWithPast(loss=supervised_loss(self, inputs, num_items_in_batch, chunk_size))
 
     causal_lm.forward = types.MethodType(forward, causal_lm)
@@ -96,9 +97,10 @@ class NonFiniteLoss(RuntimeError):
 
 
 class SupervisedLossTrainer(Trainer):
-    """A Trainer for a model prepared with `install_supervised_forward`: its loss is `supervised_loss`, already normalised by the item count of the whole
-    accumulated batch (so the Trainer must not divide it by the accumulation steps again). It stops
-    at the first non-finite loss, and adds supervised tokens/s and peak memory to every log."""
+    """A Trainer for a model prepared with `install_supervised_forward`: its loss is `supervised_loss`, already
+    normalised by the item count of the whole accumulated batch (so the Trainer must not divide it by the
+    accumulation steps again). It stops at the first non-finite loss, and adds supervised tokens/s and peak
+    memory to every log."""
 
     def __init__(self, *args: Any, **kwargs: Any):
         super().__init__(*args, **kwargs)
@@ -139,7 +141,9 @@ class SupervisedLossTrainer(Trainer):
     def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
         if "loss" in logs:
             now = time.perf_counter()
-            logs["supervised_tokens_per_second"] = round(self.supervised_tokens / max(now - self.last_log_time, 1e-9), 1)
+            logs["supervised_tokens_per_second"] = round(
+                self.supervised_tokens / max(now - self.last_log_time, 1e-9), 1
+            )
             logs["peak_memory_bytes"] = peak_memory_bytes()
             self.supervised_tokens, self.last_log_time = 0, now
             if self.monitor is not None:

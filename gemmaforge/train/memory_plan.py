@@ -127,7 +127,8 @@ class Planner:
         return self.device.runtime_bytes + self.counts.checkpoint_bytes + self.counts.frozen_bytes
 
     def fits(self, batch: int, cutoff: int, checkpointing: bool) -> bool:
-        return max(sum(self.parts(batch, cutoff, checkpointing).values()), self.load_peak()) <= self.device.capacity_bytes
+        return max(sum(self.parts(batch, cutoff, checkpointing).values()),
+                   self.load_peak()) <= self.device.capacity_bytes
 
     def plan(self) -> Plan:
         t = self.config.train
@@ -152,7 +153,8 @@ class Planner:
         t = self.config.train
         if plan.load_peak_bytes > self.device.capacity_bytes:
             return [(f"loading alone needs {gib(plan.load_peak_bytes)} on this {self.device.kind}: the model is "
-                    f"too large for {gib(self.device.capacity_bytes)}; use a smaller Gemma or a machine with more memory")]
+                    f"too large for {gib(self.device.capacity_bytes)}; "
+                    "use a smaller Gemma or a machine with more memory")]
         hints = []
         if not t.gradient_checkpointing and self.fits(t.per_device_train_batch_size, t.cutoff_len, True):
             peak = sum(self.parts(t.per_device_train_batch_size, t.cutoff_len, True).values())

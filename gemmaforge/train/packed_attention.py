@@ -47,7 +47,8 @@ def packed_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: 
     for q, k, v, positions in zip(query.unbind(0), key.unbind(0), value.unbind(0), position_ids):
         lengths = [end - start for start, end in segment_bounds(positions)]
         spans = zip(q.split(lengths, dim=1), k.split(lengths, dim=1), v.split(lengths, dim=1))  # (H, n, D) each
-        rows.append(torch.cat([segment_attention(module, *span, dropout, scaling, sliding_window) for span in spans], dim=1))
+        rows.append(torch.cat([segment_attention(module, *span, dropout, scaling, sliding_window)
+                               for span in spans], dim=1))
     return torch.cat(rows), None
 
 

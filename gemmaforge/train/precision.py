@@ -46,7 +46,8 @@ def bf16_decision() -> tuple[bool, str]:
 
 def resolve_precision(requested: str, family: Family) -> str:
     if requested == "fp16" and not family.fp16_safe:
-        raise UserError(f"train.precision=fp16: {family.name} activations overflow in fp16 (NaN loss); use bf16 or fp32")
+        raise UserError(f"train.precision=fp16: {family.name} activations overflow in fp16 (NaN loss); "
+                        "use bf16 or fp32")
     if requested != "auto":
         return requested
     return "bf16" if bf16_decision()[0] else "fp32"

@@ -85,7 +85,8 @@ def checkpointing_arguments(enabled: bool) -> dict[str, Any]:
 
     from transformers import TrainingArguments
 
-    name = "activation_checkpointing" if "activation_checkpointing" in {f.name for f in fields(TrainingArguments)} else "gradient_checkpointing"
+    name = ("activation_checkpointing" if "activation_checkpointing" in {f.name for f in fields(TrainingArguments)}
+            else "gradient_checkpointing")
     return {name: enabled, f"{name}_kwargs": {"use_reentrant": False}}
 
 
@@ -123,11 +124,13 @@ def train(run: RunDir, config: RunConfig, base: ResolvedModel) -> dict[str, Any]
     if not train_rows:
         raise UserError(f"no training example keeps a supervised token within train.cutoff_len={cutoff}")
     if dropped:
-        console.print(f"[yellow]gemmaforge[/]: {dropped} training examples dropped: prompt alone exceeds cutoff_len={cutoff}")
+        console.print(f"[yellow]gemmaforge[/]: {dropped} training examples dropped: "
+                      f"prompt alone exceeds cutoff_len={cutoff}")
     if config.train.packing:
         train_set, val_set = pack_examples(train_rows, cutoff), pack_examples(val_rows, cutoff)
         collator: Any = PackedCollator(tokenizer.pad_token_id)
-        console.print(f"[bold]train[/]: {len(train_rows)} examples packed into {len(train_set)} rows of <= {cutoff} tokens")
+        console.print(f"[bold]train[/]: {len(train_rows)} examples packed into {len(train_set)} rows "
+                      f"of <= {cutoff} tokens")
     else:
         train_set, val_set, collator = train_rows, val_rows, RightPadCollator(tokenizer.pad_token_id)
 
@@ -137,7 +140,8 @@ def train(run: RunDir, config: RunConfig, base: ResolvedModel) -> dict[str, Any]
     resume = last_complete_checkpoint(run.checkpoints_dir, delete_incomplete=is_main_process())
     resumed_step = int(resume.name.split("-")[1]) if resume else None
     if resume:
-        console.print(f"[bold]train[/]: resuming from {resume.name} (step {resumed_step}), the last complete checkpoint")
+        console.print(f"[bold]train[/]: resuming from {resume.name} (step {resumed_step}), "
+                      "the last complete checkpoint")
         if is_main_process():
             keep_metrics_until(run.metrics_path, resumed_step)
     elif is_main_process():
@@ -179,13 +183,15 @@ def train(run: RunDir, config: RunConfig, base: ResolvedModel) -> dict[str, Any]
     final_eval = evals[-1] if evals else {}
     checksums = gather(adapter_checksum(model))
     if len(set(checksums)) != 1:
-        raise StageError(f"the {len(checksums)} ranks finished with different adapters ({checksums}): gradients were not synchronised")
+        raise StageError(f"the {len(checksums)} ranks finished with different adapters ({checksums}): "
+                         "gradients were not synchronised")
     if is_main_process():
         with atomic_dir(run.adapter_dir) as tmp:
             model.save_pretrained(tmp)
             tokenizer.save_pretrained(tmp)
     # what this process's loop trained (a resumed run trained only the steps after its checkpoint), all ranks
-    examples, supervised = (sum(counts) for counts in zip(*gather((trainer.examples_trained, trainer.supervised_trained))))
+    examples, supervised = (sum(counts)
+                            for counts in zip(*gather((trainer.examples_trained, trainer.supervised_trained))))
     train_loss: float | None = result.training_loss
     if not examples:  # resumed from the final checkpoint: nothing trained now, so the logged losses tell
         logged = [log["loss"] for log in trainer.state.log_history if "loss" in log]

@@ -78,7 +78,8 @@ def diagnose_non_finite(exc: NonFiniteLoss, config: RunConfig, precision: str, f
     if precision == "bf16" and arch and arch.startswith("gfx10"):
         hints.append(f"{arch} (RDNA1/2) has no bf16 hardware: set train.precision=fp32")
     if arch and os.environ.get("HSA_OVERRIDE_GFX_VERSION"):
-        hints.append(f"HSA_OVERRIDE_GFX_VERSION={os.environ['HSA_OVERRIDE_GFX_VERSION']} runs kernels built for another "
+        hints.append(f"HSA_OVERRIDE_GFX_VERSION={os.environ['HSA_OVERRIDE_GFX_VERSION']} "
+                     "runs kernels built for another "
                      "arch, which can compute garbage: run `gemmaforge doctor`")
     if t.learning_rate > 5e-4:
         hints.append(f"train.learning_rate={t.learning_rate} is high for LoRA: try {t.learning_rate / 10:g}")

@@ -44,7 +44,8 @@ def wrap_for_training(model: Any, config: RunConfig, family: Family, targets: li
         multimodal = model.config.get_text_config() is not model.config
         model.set_attn_implementation(text_attention(multimodal, packed_attention.register()))  # each example alone
     targets = resolve_lora_targets(model, targets)  # the language model only, never a tower or router
-    parameters = resolve_lora_parameters(model, config.lora.target_parameters) if config.lora.target_parameters else None
+    parameters = (resolve_lora_parameters(model, config.lora.target_parameters) if config.lora.target_parameters
+                  else None)
     if config.model.load_in_4bit:
         model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=config.train.gradient_checkpointing)
     lora = config.lora

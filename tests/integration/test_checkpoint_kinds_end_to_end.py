@@ -34,7 +34,8 @@ def tensors(folder: Path) -> dict[str, torch.Tensor]:
 
 
 @pytest.fixture(scope="module", params=MULTIMODAL)
-def trained(request: pytest.FixtureRequest, checkpoint_of, tmp_path_factory: pytest.TempPathFactory) -> tuple[str, Path, Path]:
+def trained(request: pytest.FixtureRequest, checkpoint_of,
+            tmp_path_factory: pytest.TempPathFactory) -> tuple[str, Path, Path]:
     kind = request.param
     checkpoint = checkpoint_of(kind)
     tmp = tmp_path_factory.mktemp(f"run-{kind}")
@@ -99,7 +100,8 @@ def test_merged_reloads_and_an_image_still_goes_through(trained) -> None:
     soft_tokens = int(images.pop("num_soft_tokens_per_image")[0]) if "num_soft_tokens_per_image" in images \
         else config["mm_tokens_per_image"]  # Gemma 4 sizes by the image, Gemma 3 has a fixed count
     ids = spec.token_ids
-    input_ids = torch.tensor([[2, ids["boi_token_id"], *[ids["image_token_id"]] * soft_tokens, ids["eoi_token_id"], 9413]])
+    input_ids = torch.tensor([[2, ids["boi_token_id"], *[ids["image_token_id"]] * soft_tokens,
+                               ids["eoi_token_id"], 9413]])
     model = AutoModelForImageTextToText.from_pretrained(merged, dtype=torch.float32).eval()
     with torch.no_grad():
         with_image = model(input_ids=input_ids, **images).logits

@@ -149,7 +149,8 @@ def test_multimodal_text_model_equals_llama_cpps_converter(kind: str, converter:
     # sampling to the runtime (the Modelfile's PARAMETERs, the server's request options).
     sampling = {k for k in theirs.fields if k.startswith("general.sampling.")}
     assert sampling and not any(k.startswith("general.sampling.") for k in ours.fields)
-    assert_same_file(ours, theirs, family, (ALLOWED if family == "gemma3" else {"general.name", "GGUF.kv_count"}) | sampling)
+    assert_same_file(ours, theirs, family,
+                     (ALLOWED if family == "gemma3" else {"general.name", "GGUF.kv_count"}) | sampling)
     if kind == "gemma4-moe":
         assert ours.fields["gemma4.expert_count"].contents() == 4
         assert "blk.0.ffn_gate_up_exps.weight" in {t.name for t in ours.tensors}

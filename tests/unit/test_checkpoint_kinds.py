@@ -118,7 +118,8 @@ def test_expert_lora_adapts_the_experts_and_never_the_router(checkpoint_of, tmp_
             torch.nn.init.normal_(p, std=0.02)
     base = model.get_base_model()
     want = base.__class__.forward(base, input_ids=input_ids, labels=labels).loss
-    got = supervised_loss(model, {"input_ids": input_ids, "attention_mask": torch.ones_like(input_ids), "labels": labels}, None)
+    got = supervised_loss(model, {"input_ids": input_ids, "attention_mask": torch.ones_like(input_ids),
+                                  "labels": labels}, None)
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
 
 

@@ -33,7 +33,8 @@ def test_malformed_json_names_the_line_and_writes_no_data(tmp_path: Path, capsys
     config = write_config(tmp_path, "gemma3-270m")
     (tmp_path / "data.json").write_text('[{"instruction": "a", "output": "b"},\n{"instruction": "c" "output": "d"}]')
     assert main(["run", str(config)]) == 2
-    assert f"{tmp_path / 'data.json'} line 2 column 21: malformed JSON (Expecting ',' delimiter)" in capsys.readouterr().err
+    assert f"{tmp_path / 'data.json'} line 2 column 21: malformed JSON (Expecting ',' delimiter)" in \
+        capsys.readouterr().err
     assert not (tmp_path / "run" / "data" / "train.jsonl").exists()
 
 
@@ -102,7 +103,8 @@ def test_export_gguf_adapter_refuses_the_flags_it_would_ignore(tmp_path: Path, f
         " ".join(capsys.readouterr().err.split())
 
 
-def test_export_gguf_adapter_of_a_checkpoint_folder_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_export_gguf_adapter_of_a_checkpoint_folder_is_refused(tmp_path: Path,
+                                                               capsys: pytest.CaptureFixture[str]) -> None:
     (tmp_path / "config.json").write_text('{"architectures": ["Gemma3ForCausalLM"], "model_type": "gemma3_text"}')
     assert main(["export", "gguf", str(tmp_path), "--adapter"]) == 2
     assert f"--adapter exports a run's LoRA adapter, and {tmp_path} is a checkpoint folder" in \

@@ -22,7 +22,8 @@ def test_prepare_writes_outputs_and_stats(tmp_path: Path) -> None:
     assert stats["records"] == records and stats["val"] == 20 and stats["train"] + stats["val"] == stats["kept"]
     assert stats["options"]["dedup"] == "near" and stats["template"] == "gemma3"
     lines = (tmp_path / "out" / "train.jsonl").read_text(encoding="utf-8").splitlines()
-    assert len(lines) == stats["train"] and all(json.loads(line)["messages"][-1]["role"] == "assistant" for line in lines)
+    assert len(lines) == stats["train"] and all(json.loads(line)["messages"][-1]["role"] == "assistant"
+                                                for line in lines)
 
 
 def test_inspect_json_is_exactly_what_training_sees(tmp_path: Path, gemma3_tokenizer) -> None:
@@ -36,7 +37,8 @@ def test_inspect_json_is_exactly_what_training_sees(tmp_path: Path, gemma3_token
         messages = [{"role": roles[t["from"]], "content": t["value"]} for t in record["conversations"]]
         ids, labels = encode_for_training(messages, gemma3_tokenizer, FAMILIES["gemma3"], 512, mask_history=True)
         assert (row["input_ids"], row["labels"]) == (ids, labels)
-        assert row["text"].startswith("<bos><start_of_turn>") and gemma3_tokenizer(row["text"], add_special_tokens=False).input_ids == ids
+        assert row["text"].startswith("<bos><start_of_turn>") and \
+            gemma3_tokenizer(row["text"], add_special_tokens=False).input_ids == ids
 
 
 def test_inspect_text_shows_samples_and_summary(tmp_path: Path) -> None:
@@ -49,7 +51,8 @@ def test_inspect_text_shows_samples_and_summary(tmp_path: Path) -> None:
 
 def test_bad_input_and_bad_keys_are_exit_2(tmp_path: Path) -> None:
     bad = tmp_path / "bad.jsonl"
-    bad.write_text('{"messages": [{"role": "user", "content": "a"}, {"role": "bot", "content": "b"}]}\n', encoding="utf-8")
+    bad.write_text('{"messages": [{"role": "user", "content": "a"}, {"role": "bot", "content": "b"}]}\n',
+                   encoding="utf-8")
     proc = run_cli("data", "prepare", str(bad), "-o", "out", cwd=tmp_path)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert "bad.jsonl line 1: turn 2 has unknown role 'bot' (role)" in proc.stderr

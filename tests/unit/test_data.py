@@ -68,7 +68,8 @@ def test_alpaca_history_and_system_columns(tmp_path: Path, tok) -> None:
 def test_sharegpt_multi_turn_with_system(tmp_path: Path, tok) -> None:
     conv = {"conversations": [
         {"from": "system", "value": "你是客服"}, {"from": "human", "value": "订单到哪了？"},
-        {"from": "gpt", "value": "请提供订单号。"}, {"from": "human", "value": "QH001"}, {"from": "gpt", "value": "已发货。"},
+        {"from": "gpt", "value": "请提供订单号。"}, {"from": "human", "value": "QH001"},
+        {"from": "gpt", "value": "已发货。"},
     ]}
     src = write(tmp_path / "d.json", [conv])
     stats, train, _ = prepare(tmp_path, tok, path=str(src), val_size=0)
@@ -101,7 +102,8 @@ def test_csv_and_parquet(tmp_path: Path, tok) -> None:
 def test_column_mapping_for_plain_files(tmp_path: Path, tok) -> None:
     src = write(tmp_path / "d.json", [{"q": "一加一？", "a": "二。"}])
     _, train, _ = prepare(
-        tmp_path, tok, path=str(src), val_size=0, format="alpaca", columns={"prompt": "q", "response": "a", "query": None}
+        tmp_path, tok, path=str(src), val_size=0, format="alpaca",
+        columns={"prompt": "q", "response": "a", "query": None}
     )
     assert train == [[{"role": "user", "content": "一加一？"}, {"role": "assistant", "content": "二。"}]]
 
@@ -161,12 +163,14 @@ def test_min_answer_tokens_and_drop_empty(tmp_path: Path, tok) -> None:
 
 def test_near_duplicates(tmp_path: Path, tok) -> None:
     base = "手冲咖啡的水温一般在九十到九十六摄氏度之间，浅烘焙的豆子可以用更高的水温来萃取出明亮的酸质。"
-    records = [{"instruction": "水温？", "output": base}, {"instruction": "水温?", "output": base.replace("明亮", "明朗")},
+    records = [{"instruction": "水温？", "output": base},
+               {"instruction": "水温?", "output": base.replace("明亮", "明朗")},
                {"instruction": "研磨？", "output": "研磨度要根据滤杯和冲煮时间来调整，粗细均匀最重要。"}]
     src = write(tmp_path / "d.json", records)
     stats, _, _ = prepare(tmp_path, tok, path=str(src), val_size=0)
     assert stats["dropped"] == {}
-    stats, _, _ = prepare(tmp_path, tok, path=str(src), val_size=0, clean=CleanConfig(dedup="near", near_dup_threshold=0.8))
+    stats, _, _ = prepare(tmp_path, tok, path=str(src), val_size=0,
+                          clean=CleanConfig(dedup="near", near_dup_threshold=0.8))
     assert stats["dropped"] == {"near_duplicate": 1}
 
 
@@ -175,7 +179,8 @@ def test_labels_options_change_supervised_counts(tmp_path: Path, tok) -> None:
                               {"from": "human", "value": "三"}, {"from": "gpt", "value": "四"}]}
     src = write(tmp_path / "d.json", [conv])
     counts = {}
-    for name, options in {"default": {}, "mask_history": {"mask_history": True}, "prompt": {"train_on_prompt": True}}.items():
+    for name, options in {"default": {}, "mask_history": {"mask_history": True},
+                          "prompt": {"train_on_prompt": True}}.items():
         stats, _, _ = prepare(tmp_path / name, tok, path=str(src), val_size=0, **options)
         counts[name] = stats["supervised_tokens"]["total"]
     assert counts["mask_history"] < counts["default"] < counts["prompt"]
@@ -195,20 +200,31 @@ def test_failed_prepare_keeps_previous_outputs(tmp_path: Path, tok) -> None:
 
 
 BAD_INPUTS = {
-    "malformed JSON array": ("d.json", '[{"instruction": "a", "output": "b"},\n {"instruction": }]', r"d\.json line 2 column \d+: malformed JSON"),
+    "malformed JSON array": ("d.json", '[{"instruction": "a", "output": "b"},\n {"instruction": }]',
+                             r"d\.json line 2 column \d+: malformed JSON"),
     "bad JSONL line": ("d.jsonl", '{"instruction": "a", "output": "b"}\n{oops\n', r"d\.jsonl line 2: malformed JSON"),
-    "missing field": ("d.json", '[{"instruction": "a", "output": "b"}, {"instruction": "a"}]', r"d\.json record 1: field 'output' is missing"),
+    "missing field": ("d.json", '[{"instruction": "a", "output": "b"}, {"instruction": "a"}]',
+                      r"d\.json record 1: field 'output' is missing"),
     "empty file": ("d.json", "  \n", r"d\.json: file is empty"),
     "empty array": ("d.json", "[]", r"d\.json: the JSON array is empty"),
-    "object not list": ("d.json", '{"instruction": "a",\n "output": "b"}', r"d\.json line 1: malformed JSON .*use a JSON array"),
+    "object not list": ("d.json", '{"instruction": "a",\n "output": "b"}',
+                        r"d\.json line 1: malformed JSON .*use a JSON array"),
     "scalar records": ("d.jsonl", "[1, 2]", r"d\.jsonl record 0: cannot detect the dataset format \(keys: int\)"),
     "empty answer": ("d.json", '[{"instruction": "a", "output": "  "}]', r"d\.json record 0: empty assistant turn"),
-    "unknown shape": ("d.json", '[{"question": "a", "answer": "b"}]', r"record 0: cannot detect the dataset format \(keys: answer, question\)"),
-    "unknown role": ("d.jsonl", '{"conversations": [{"from": "human", "value": "a"}, {"from": "bot", "value": "b"}]}', r"d\.jsonl line 1: turn 2 has unknown role 'bot' \(from\)"),
-    "roles not alternating": ("d.jsonl", '{"messages": [{"role": "user", "content": "a"}, {"role": "user", "content": "b"}]}', r"d\.jsonl line 1: turn 2 has role 'user', expected 'assistant'"),
-    "ends with user": ("d.jsonl", '{"messages": [{"role": "user", "content": "a"}]}', r"d\.jsonl line 1: the last turn is from the user"),
-    "late system": ("d.jsonl", '{"messages": [{"role": "user", "content": "a"}, {"role": "system", "content": "b"}]}', r"turn 2 is a system message"),
-    "tool turn": ("d.jsonl", '{"messages": [{"role": "user", "content": "a"}, {"role": "tool", "content": "b"}]}', r"turn 2 has role 'tool': tool and function-call turns are not supported"),
+    "unknown shape": ("d.json", '[{"question": "a", "answer": "b"}]',
+                      r"record 0: cannot detect the dataset format \(keys: answer, question\)"),
+    "unknown role": ("d.jsonl",
+                     '{"conversations": [{"from": "human", "value": "a"}, {"from": "bot", "value": "b"}]}',
+                     r"d\.jsonl line 1: turn 2 has unknown role 'bot' \(from\)"),
+    "roles not alternating": ("d.jsonl",
+                              '{"messages": [{"role": "user", "content": "a"}, {"role": "user", "content": "b"}]}',
+                              r"d\.jsonl line 1: turn 2 has role 'user', expected 'assistant'"),
+    "ends with user": ("d.jsonl", '{"messages": [{"role": "user", "content": "a"}]}',
+                       r"d\.jsonl line 1: the last turn is from the user"),
+    "late system": ("d.jsonl", '{"messages": [{"role": "user", "content": "a"}, {"role": "system", "content": "b"}]}',
+                    r"turn 2 is a system message"),
+    "tool turn": ("d.jsonl", '{"messages": [{"role": "user", "content": "a"}, {"role": "tool", "content": "b"}]}',
+                  r"turn 2 has role 'tool': tool and function-call turns are not supported"),
     "csv ragged": ("d.csv", "instruction,output\na,b,c\n", r"d\.csv line 2: more cells than the 2 header columns"),
 }
 

@@ -183,7 +183,8 @@ def test_arch_support_uses_the_drivers_arch_not_the_spoofed_one(tmp_path) -> Non
 def test_an_apus_gpu_beside_a_supported_card_is_hidden_not_overridden(tmp_path) -> None:
     # an RX 7900 XTX (gfx1100) and a Ryzen 7000's built-in gfx1036: one override would break the XTX
     host = amd_machine(tmp_path, gfx=110000, more=(100306,))
-    torch_facts = doc.TorchFacts("2.6.0+rocm6.4", "6.4.0", None, [{"name": "XTX", "arch": "gfx1100", "memory_bytes": 1}],
+    torch_facts = doc.TorchFacts("2.6.0+rocm6.4", "6.4.0", None,
+                                 [{"name": "XTX", "arch": "gfx1100", "memory_bytes": 1}],
                                  ["gfx1030", "gfx1100"])
     facts = doc.Facts(host, torch_facts, GpuQuery([], []), kfd_gpus(host.sysfs), (True, "x"), None)
     assert facts.real_archs == ["gfx1100", "gfx1036"]
@@ -196,7 +197,8 @@ def test_an_apus_gpu_beside_a_supported_card_is_hidden_not_overridden(tmp_path) 
 
 def test_a_cuda_torch_beside_an_amd_apu_is_not_replaced(tmp_path) -> None:
     host = amd_machine(tmp_path, gfx=110003)  # a Ryzen 7840HS's gfx1103 beside an RTX 4070
-    torch_facts = doc.TorchFacts("2.6.0+cu126", None, "12.6", [{"name": "RTX 4070", "arch": "sm_89", "memory_bytes": 1}])
+    torch_facts = doc.TorchFacts("2.6.0+cu126", None, "12.6",
+                                 [{"name": "RTX 4070", "arch": "sm_89", "memory_bytes": 1}])
     facts = doc.Facts(host, torch_facts, GpuQuery([], []), kfd_gpus(host.sysfs), (True, "x"), None)
     assert doc.check_torch(facts).status == "pass"
     assert doc.check_torch(replace(facts, torch=doc.TorchFacts("2.6.0+cu126", None, "12.6"))).status == "fail"

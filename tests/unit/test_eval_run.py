@@ -60,10 +60,12 @@ def greedy(model_dir: Path, prompts: list[str], adapter: Path | None = None) -> 
     stops = [tokenizer.eos_token_id, tokenizer.convert_tokens_to_ids("<end_of_turn>")]
     answers = []
     for prompt in prompts:
-        text = render_conversation([{"role": "user", "content": prompt}], FAMILIES["gemma3"], add_generation_prompt=True).text
+        text = render_conversation([{"role": "user", "content": prompt}], FAMILIES["gemma3"],
+                                   add_generation_prompt=True).text
         ids = tokenizer(text, add_special_tokens=False, return_tensors="pt").input_ids
         with torch.no_grad():
-            out = model.generate(ids, max_new_tokens=NEW_TOKENS, do_sample=False, eos_token_id=stops, top_k=None, top_p=None)
+            out = model.generate(ids, max_new_tokens=NEW_TOKENS, do_sample=False, eos_token_id=stops,
+                                 top_k=None, top_p=None)
         new = out[0, ids.shape[1]:].tolist()
         end = next((k for k, t in enumerate(new) if t in stops), None)
         new = new[:end]
@@ -195,7 +197,8 @@ def test_llamacpp_engine_answers_as_the_merged_model(results: dict, trained: Pat
 @pytest.mark.parametrize(
     ("args", "expected"),
     [
-        (["--suite", "SUITE_DIR/bad.yaml"], "bad.yaml case 1 (line 2): unknown check 'startswith'; known checks: starts_with"),
+        (["--suite", "SUITE_DIR/bad.yaml"],
+         "bad.yaml case 1 (line 2): unknown check 'startswith'; known checks: starts_with"),
         (["--suite", "SUITE_DIR/none.yaml"], "none.yaml: suite file not found"),
         (["--fail-under", "1.5"], "eval.fail_under"),
         (["max_new_token=3"], "eval.max_new_token: unknown key; did you mean 'max_new_tokens'?"),

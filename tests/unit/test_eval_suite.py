@@ -64,7 +64,8 @@ def test_jsonl_suite_with_a_conversation(tmp_path: Path) -> None:
          "suite.yaml case 2 (line 3): unknown check 'startswith'; known checks: " + ", ".join(CHECKS)),
         ("cases:\n  - prompt: a\n    checks: [{max_chars: many}]\n", "suite.yaml",
          "case 1 (line 2): check 'max_chars' takes int, got 'many'"),
-        ("cases:\n  - prompt: a\n    checks: [{regex: '(unclosed'}]\n", "suite.yaml", "is not a valid regular expression"),
+        ("cases:\n  - prompt: a\n    checks: [{regex: '(unclosed'}]\n", "suite.yaml",
+         "is not a valid regular expression"),
         ("cases:\n  - reference: a\n", "suite.yaml", "case 1 (line 2): give `prompt` (text) or `messages`"),
         ("cases:\n  - prompt: a\n    expected: b\n", "suite.yaml", "unknown key(s) expected"),
         ("- prompt: a\n", "suite.yaml", "expected a mapping with a `cases:` list"),
@@ -103,7 +104,8 @@ def test_reference_metrics_agree_with_sacrebleus_chinese_tokenizer() -> None:
     """On Chinese without punctuation, our character tokens are what sacrebleu's own zh tokenizer makes."""
     from sacrebleu.metrics import BLEU
 
-    answers, references = ["手冲水温九十度左右最好", "冷萃需要十二小时"], ["手冲水温九十二度最好", "冷萃咖啡需要浸泡十二小时"]
+    answers, references = (["手冲水温九十度左右最好", "冷萃需要十二小时"],
+                           ["手冲水温九十二度最好", "冷萃咖啡需要浸泡十二小时"])
     ours = reference_scores(answers, references)
     assert ours.bleu == pytest.approx(BLEU(tokenize="zh").corpus_score(answers, [references]).score, abs=0.01)
     assert reference_scores(references, references).bleu == 100.0

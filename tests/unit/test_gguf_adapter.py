@@ -80,4 +80,5 @@ def test_modelfile_with_adapter_needs_the_adapter_export(tmp_path: Path, tiny_ge
 
     RunDir.create(load_config(write_config(tmp_path, tiny_gemma3_dir)))
     assert main(["export", "ollama", str(tmp_path / "run"), "--adapter"]) == 2
-    assert "base-f16.gguf is missing: run `gemmaforge export gguf --adapter" in " ".join(capsys.readouterr().err.split())
+    assert "base-f16.gguf is missing: run `gemmaforge export gguf --adapter" in \
+        " ".join(capsys.readouterr().err.split())

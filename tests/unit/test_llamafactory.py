@@ -41,13 +41,17 @@ def lf_dir(tmp_path: Path) -> Path:
     alpaca = [{"question": f"能退货吗 {i}", "context": "买了 3 天", "answer": "可以，7 天内无理由退货。",
                "persona": "你是客服", "past": [["你好", "您好！"]]} for i in range(4)]
     (root / "shop_alpaca.json").write_text(json.dumps(alpaca, ensure_ascii=False), encoding="utf-8")
-    sharegpt = [{"conversations": [{"from": "human", "value": f"运费多少 {i}"}, {"from": "gpt", "value": "满 99 元包邮。"}]}
+    sharegpt = [{"conversations": [{"from": "human", "value": f"运费多少 {i}"},
+                                   {"from": "gpt", "value": "满 99 元包邮。"}]}
                 for i in range(6)]
-    (root / "shop_sharegpt.jsonl").write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in sharegpt), encoding="utf-8")
+    (root / "shop_sharegpt.jsonl").write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in sharegpt),
+                                              encoding="utf-8")
     for part in range(2):
-        rows = [{"messages": [{"role": "system", "content": "简洁回答"}, {"role": "user", "content": f"发票 {part}-{i}"},
+        rows = [{"messages": [{"role": "system", "content": "简洁回答"},
+                              {"role": "user", "content": f"发票 {part}-{i}"},
                               {"role": "assistant", "content": "可以在订单详情页申请。"}]} for i in range(2)]
-        (root / "openai_dir" / f"part{part}.jsonl").write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), encoding="utf-8")
+        (root / "openai_dir" / f"part{part}.jsonl").write_text("".join(json.dumps(r, ensure_ascii=False) + "\n"
+                                                                       for r in rows), encoding="utf-8")
     return root
 
 
@@ -59,7 +63,8 @@ def load(lf_dir: Path, tmp_path: Path, tok, dataset: str) -> tuple[dict, list]:
 
 def test_entries_with_columns_and_tags_load_unchanged(lf_dir: Path, tmp_path: Path, gemma3_tokenizer) -> None:
     stats, train = load(lf_dir, tmp_path, gemma3_tokenizer, "shop_alpaca,shop_sharegpt,shop_openai")
-    assert [s["label"] for s in stats["sources"]] == ["lf_data/shop_alpaca", "lf_data/shop_sharegpt", "lf_data/shop_openai"]
+    assert [s["label"] for s in stats["sources"]] == ["lf_data/shop_alpaca", "lf_data/shop_sharegpt",
+                                                      "lf_data/shop_openai"]
     assert [s["kept"] for s in stats["sources"]] == [4, 6, 4]
     assert train[0] == [
         {"role": "system", "content": "你是客服"},

@@ -43,7 +43,8 @@ def lora_model(path: Path, family: str, attention: str | None = None):
 
 @pytest.mark.parametrize("family", TEXT_FAMILIES)
 @pytest.mark.parametrize("path", ["fused", "fused in chunks", "autograd in chunks"])
-def test_supervised_loss_and_gradients_equal_transformers_labels_loss(family: str, path: str, text_checkpoint_of) -> None:
+def test_supervised_loss_and_gradients_equal_transformers_labels_loss(family: str, path: str,
+                                                                      text_checkpoint_of) -> None:
     """'autograd in chunks': a trained output layer, which the fused loss leaves to the chunked autograd loss."""
     model = lora_model(text_checkpoint_of(family), family)
     if path == "autograd in chunks":
@@ -80,7 +81,8 @@ def test_packed_rows_equal_separate_examples(family: str, text_checkpoint_of) ->
         torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-6)
     # positions that do not restart let attention cross examples: the same rows then give another loss (the
     # tiny random models are near-uniform, so it differs by ~5e-4: several times the tolerance above)
-    crossed = {**packed, "position_ids": torch.arange(packed["input_ids"].shape[1]).repeat(packed["input_ids"].shape[0], 1)}
+    crossed = {**packed,
+               "position_ids": torch.arange(packed["input_ids"].shape[1]).repeat(packed["input_ids"].shape[0], 1)}
     with torch.no_grad(), pytest.raises(AssertionError):
         torch.testing.assert_close(supervised_loss(packed_model, crossed, None), want.detach(), rtol=1e-5, atol=1e-5)
 

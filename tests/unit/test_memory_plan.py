@@ -15,8 +15,8 @@ from gemmaforge.config import RunConfig
 from gemmaforge.errors import UserError
 from gemmaforge.families import FAMILIES
 from gemmaforge.models import resolve_model
-from gemmaforge.train import activations
 from gemmaforge.system.memory import resident_bytes
+from gemmaforge.train import activations
 from gemmaforge.train.memory_plan import Device, Planner, count_model
 from gemmaforge.train.trainer import check_memory
 from gemmaforge.train.wrapping import lora_targets, wrap_for_training
@@ -110,7 +110,8 @@ def test_the_advice_is_priced_by_the_planner(embedded_planner: Planner) -> None:
     batch, cutoff = plan.largest_batch, plan.largest_cutoff
     assert 1 <= batch < 8 and 8 <= cutoff < 1024
     assert embedded_planner.fits(batch, 1024, False) and not embedded_planner.fits(batch + 1, 1024, False)
-    assert cutoff % 8 == 0 and embedded_planner.fits(8, cutoff, False) and not embedded_planner.fits(8, cutoff + 8, False)
+    assert cutoff % 8 == 0 and embedded_planner.fits(8, cutoff, False) and \
+        not embedded_planner.fits(8, cutoff + 8, False)
     assert any(f"per_device_train_batch_size={batch} " in hint for hint in plan.advice)
     assert any(f"cutoff_len={cutoff}" in hint for hint in plan.advice)
     checkpointed = embedded_planner.parts(8, 1024, True)
@@ -212,10 +213,12 @@ def test_the_plan_predicts_the_measured_peak_of_a_training_step(kind: str, preci
     lora = ({"lora_dropout": 0.0, "target_parameters": ["experts.gate_up_proj", "experts.down_proj"]}
             if overrides.get("expert_lora") else {})
     batch, cutoff = 4, 256
-    config = run_config(lora=lora, train={"per_device_train_batch_size": batch, "cutoff_len": cutoff, "packing": packing,
+    config = run_config(lora=lora, train={"per_device_train_batch_size": batch, "cutoff_len": cutoff,
+                                          "packing": packing,
                                           "gradient_checkpointing": checkpointing, "logits_chunk_size": 16})
     base = resolve_model(str(folder), tmp_path)
-    planned = sum(Planner(config, base, precision, Device("gpu", "a GPU", 2**40, 0)).parts(batch, cutoff, checkpointing).values())
+    planned = sum(Planner(config, base, precision, Device("gpu", "a GPU", 2**40, 0))
+                  .parts(batch, cutoff, checkpointing).values())
 
     model = build_peft_model(config, base, load_tokenizer(base.path), precision)
     install_supervised_forward(model, config.train.logits_chunk_size)
@@ -233,4 +236,5 @@ def test_the_plan_predicts_the_measured_peak_of_a_training_step(kind: str, preci
     with PeakTensorMemory(*model.parameters(), *model.buffers()) as tracked:
         model(**inputs).loss.backward()
         optimizer.step()  # its moments appear beside the gradients
-    assert planned == pytest.approx(tracked.peak, rel=0.2), f"planned {planned / 2**20:.1f} MiB, measured {tracked.peak / 2**20:.1f} MiB"
+    assert planned == pytest.approx(tracked.peak, rel=0.2), \
+        f"planned {planned / 2**20:.1f} MiB, measured {tracked.peak / 2**20:.1f} MiB"

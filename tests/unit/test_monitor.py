@@ -61,7 +61,8 @@ def test_unreadable_fields_show_as_unknown_and_each_reason_is_logged_once(
     assert status_line(row).startswith("gpu Radeon RX 7900 XTX ? ") and status_line(row).endswith("? ?")
 
 
-def test_a_failing_tool_or_a_raising_query_never_stops_anything(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_failing_tool_or_a_raising_query_never_stops_anything(tmp_path: Path,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
     tools_on_path(tmp_path, monkeypatch, rocm_smi=failing("rocm-smi: cannot open /dev/kfd", status=1))
     monitor = DeviceMonitor(index=0, interval_s=0.01).start()
     assert monitor._thread is None and monitor.reading is None  # nothing to poll: no thread at all
@@ -159,7 +160,8 @@ def test_cpu_allocator_failures_count_as_out_of_memory() -> None:
     assert troubleshoot.is_out_of_memory(torch.OutOfMemoryError("CUDA out of memory."))
     assert troubleshoot.is_out_of_memory(MemoryError())
     assert troubleshoot.is_out_of_memory(RuntimeError("HIP error: out of memory\nHIP kernel errors might be ..."))
-    assert troubleshoot.is_out_of_memory(RuntimeError("CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling cublasCreate"))
+    assert troubleshoot.is_out_of_memory(RuntimeError("CUDA error: CUBLAS_STATUS_ALLOC_FAILED "
+                                                      "when calling cublasCreate"))
     assert not troubleshoot.is_out_of_memory(RuntimeError("mat1 and mat2 shapes cannot be multiplied"))
 
 
@@ -168,7 +170,8 @@ def test_out_of_memory_advice_without_a_plan_or_anything_smaller() -> None:
         train={"per_device_train_batch_size": 1, "cutoff_len": 64, "gradient_checkpointing": True}))
     assert advice.startswith("out of memory (MemoryError). Try: ") and "batch_size=" not in advice
     assert "cutoff_len=" not in advice and "gradient_checkpointing=" not in advice and "smaller model" in advice
-    advice = troubleshoot.diagnose_out_of_memory(MemoryError(), None, run_config(train={"per_device_train_batch_size": 8}))
+    advice = troubleshoot.diagnose_out_of_memory(MemoryError(), None,
+                                                 run_config(train={"per_device_train_batch_size": 8}))
     assert "train.per_device_train_batch_size=6 train.gradient_accumulation_steps=2" in advice
     assert "train.gradient_checkpointing=true" in advice and "train.cutoff_len=" in advice
 
@@ -209,7 +212,8 @@ def test_slow_step_findings() -> None:
     findings = troubleshoot.slow_step_findings(clock, 0.4, run_config(train={"packing": False}),
                                                "attention runs on SDPA's slow math kernel")
     assert findings[0].startswith("30% of training time waited for batches: set train.dataloader_num_workers=2")
-    assert findings[1] == "40% of the positions in each batch were padding: train.packing=true packs examples into full rows"
+    assert findings[1] == ("40% of the positions in each batch were padding: "
+                           "train.packing=true packs examples into full rows")
     assert findings[2] == "attention runs on SDPA's slow math kernel"
     clock.waiting = 0.1
     assert troubleshoot.slow_step_findings(clock, 0.1, run_config(), None) == []

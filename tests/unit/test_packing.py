@@ -40,7 +40,8 @@ def test_packed_rows_compute_what_separate_examples_compute(tiny_model) -> None:
         got = supervised_loss(tiny_model, packed, None)
     assert torch.allclose(got, expected, atol=1e-5), (got, expected)
     # without the per-example positions, attention would cross examples and the loss would change
-    crossed = {**packed, "position_ids": torch.arange(packed["input_ids"].shape[1]).repeat(packed["input_ids"].shape[0], 1)}
+    crossed = {**packed,
+               "position_ids": torch.arange(packed["input_ids"].shape[1]).repeat(packed["input_ids"].shape[0], 1)}
     with torch.no_grad():
         assert not torch.allclose(supervised_loss(tiny_model, crossed, None), expected, atol=1e-3)
 
@@ -70,7 +71,8 @@ def test_per_example_attention_equals_the_masked_row(tiny_gemma3_dir, sliding_wi
     packed.pop("examples")
     results = []
     for implementation in ("sdpa", packed_attention.register()):
-        model = AutoModelForCausalLM.from_pretrained(tiny_gemma3_dir, dtype=torch.float32, sliding_window=sliding_window,
+        model = AutoModelForCausalLM.from_pretrained(tiny_gemma3_dir, dtype=torch.float32,
+                                                     sliding_window=sliding_window,
                                                      attn_implementation=implementation)
         loss = supervised_loss(model, packed, None)
         loss.backward()
@@ -88,7 +90,8 @@ def test_per_example_attention_keeps_the_padding_mask_of_unpacked_batches(tiny_g
     padded = RightPadCollator(0)([example(n, 4, i) for i, n in enumerate([21, 9, 14])])
     losses = []
     for implementation in ("sdpa", packed_attention.register()):
-        model = AutoModelForCausalLM.from_pretrained(tiny_gemma3_dir, dtype=torch.float32, attn_implementation=implementation)
+        model = AutoModelForCausalLM.from_pretrained(tiny_gemma3_dir, dtype=torch.float32,
+                                                     attn_implementation=implementation)
         with torch.no_grad():
             losses.append(supervised_loss(model, padded, None))
     torch.testing.assert_close(losses[1], losses[0], rtol=1e-5, atol=1e-6)

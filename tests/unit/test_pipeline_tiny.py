@@ -97,7 +97,8 @@ def test_merged_tokenizer_renders_the_training_format(tiny_run: tuple[Path, str]
 
     tokenizer = AutoTokenizer.from_pretrained(tiny_run[0] / "merged")
     messages = json.loads((tiny_run[0] / "data" / "train.jsonl").read_text().splitlines()[0])["messages"]
-    assert tokenizer.apply_chat_template(messages, tokenize=False) == render_conversation(messages, FAMILIES["gemma3"]).text
+    assert tokenizer.apply_chat_template(messages, tokenize=False) == \
+        render_conversation(messages, FAMILIES["gemma3"]).text
     config = json.loads((tiny_run[0] / "merged" / "config.json").read_text())
     assert config["model_type"] == "gemma3_text"
 
@@ -112,7 +113,8 @@ def test_modelfile_points_at_q8_and_stops_at_end_of_turn(tiny_run: tuple[Path, s
     # the config's sampling defaults (export.ollama) and the Gemma Terms of Use notice as its LICENSE
     for line in ("PARAMETER temperature 0.7", "PARAMETER top_p 0.95", "PARAMETER top_k 64", "PARAMETER num_ctx 4096"):
         assert f"\n{line}\n" in text, line
-    assert 'LICENSE """Gemma is provided under and subject to the Gemma Terms of Use found at ai.google.dev/gemma/terms"""' \
+    assert ('LICENSE """Gemma is provided under and subject to the Gemma Terms of Use found at '
+            'ai.google.dev/gemma/terms"""') \
         in text
 
 
@@ -153,7 +155,8 @@ def test_export_verify_reads_back_and_compares_every_gguf(tiny_run: tuple[Path, 
 
 
 def test_export_verify_fails_on_an_f16_file_of_another_model(tiny_run: tuple[Path, str], tmp_path: Path,
-                                                             embedded_model, capsys: pytest.CaptureFixture[str]) -> None:
+                                                             embedded_model,
+                                                             capsys: pytest.CaptureFixture[str]) -> None:
     """A GGUF that loads but computes something else (here: another random model) is caught."""
     pytest.importorskip("llama_cpp")
     from gemmaforge.export.gguf import write_gguf

@@ -10,7 +10,8 @@ from gemmaforge.train.template_tokens import use_sparse_template_tokens
 def peft_model(model_dir, seed: int):
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     torch.manual_seed(seed)
-    config = LoraConfig(task_type="CAUSAL_LM", r=4, target_modules=["q_proj", "v_proj"], trainable_token_indices=[105, 106])
+    config = LoraConfig(task_type="CAUSAL_LM", r=4, target_modules=["q_proj", "v_proj"],
+                        trainable_token_indices=[105, 106])
     peft = get_peft_model(model, config)
     with torch.no_grad():  # move the trained rows away from their base values, so corrections are non-zero
         for name, param in peft.named_parameters():

@@ -26,7 +26,8 @@ GEMMA3 = FAMILIES["gemma3"]
 GEMMA4_EMPTY_THOUGHT = "<|channel>thought\n<channel|>"
 
 CONVERSATIONS = {
-    "single": [{"role": "user", "content": "什么是手冲咖啡？"}, {"role": "assistant", "content": "用热水慢慢冲过咖啡粉。"}],
+    "single": [{"role": "user", "content": "什么是手冲咖啡？"},
+               {"role": "assistant", "content": "用热水慢慢冲过咖啡粉。"}],
     "system": [
         {"role": "system", "content": "你是一位咖啡师。"},
         {"role": "user", "content": "拿铁和卡布奇诺有什么区别？"},
@@ -76,7 +77,8 @@ def test_training_text_equals_the_official_template(tokenizer, family: str, name
     if family == "gemma4" and generation_prompt:
         official = official.removesuffix(GEMMA4_EMPTY_THOUGHT)
     generated = tokenizer.apply_chat_template(
-        messages, chat_template=hf_chat_template(FAMILIES[family]), tokenize=False, add_generation_prompt=generation_prompt
+        messages, chat_template=hf_chat_template(FAMILIES[family]), tokenize=False,
+        add_generation_prompt=generation_prompt
     )
     assert ours == official == generated
     assert ours.count("<bos>") == 1
@@ -111,7 +113,8 @@ GOLDEN_SYSTEM = {
 def test_golden_rendering_with_system(tokenizer, family: str) -> None:
     rendered = render_conversation(CONVERSATIONS["system"], FAMILIES[family])
     assert rendered.text == GOLDEN_SYSTEM[family]
-    hf = tokenizer.apply_chat_template(CONVERSATIONS["system"], chat_template=hf_chat_template(FAMILIES[family]), tokenize=False)
+    hf = tokenizer.apply_chat_template(CONVERSATIONS["system"], chat_template=hf_chat_template(FAMILIES[family]),
+                                       tokenize=False)
     assert hf == rendered.text
     end = FAMILIES[family].chat.turn_end
     assert [rendered.text[s:e] for s, e in rendered.supervised] == ["奶泡的比例不同。" + end]
@@ -168,7 +171,8 @@ def supervised_text(tokenizer, messages, **options) -> str:
 
 def test_mask_history_supervises_only_the_last_answer(tokenizer) -> None:
     messages = CONVERSATIONS["chinese-multi-turn-system"]
-    assert supervised_text(tokenizer, messages) == "已经从仓库发出，预计明天送达。<end_of_turn>满 99 元包邮，这单免运费。<end_of_turn>"
+    assert supervised_text(tokenizer, messages) == ("已经从仓库发出，预计明天送达。<end_of_turn>"
+                                                    "满 99 元包邮，这单免运费。<end_of_turn>")
     assert supervised_text(tokenizer, messages, mask_history=True) == "满 99 元包邮，这单免运费。<end_of_turn>"
 
 

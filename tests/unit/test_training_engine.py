@@ -34,7 +34,8 @@ def test_sigkill_then_same_command_resumes_from_the_last_complete_checkpoint(tmp
     restores the RNG (dropout masks), the optimizer and the data position."""
     for name in ("a", "b"):
         (tmp_path / name).mkdir()
-    settings = {"lora": {"lora_dropout": 0.1}, "max_steps": 6, "save_steps": 2, "eval_strategy": "steps", "eval_steps": 2}
+    settings = {"lora": {"lora_dropout": 0.1}, "max_steps": 6, "save_steps": 2, "eval_strategy": "steps",
+                "eval_steps": 2}
     straight = write_config(tmp_path / "a", tiny_gemma3_dir, **settings)
     assert main(["train", str(straight)]) == 0
 
@@ -85,7 +86,8 @@ def test_the_same_command_after_a_finished_training_trains_nothing_more(tmp_path
     assert first.keys() == again.keys() and all(torch.equal(first[k], again[k]) for k in first)
 
 
-def test_non_finite_loss_stops_with_a_diagnosis(tmp_path: Path, tiny_gemma3_dir, capsys: pytest.CaptureFixture[str]) -> None:
+def test_non_finite_loss_stops_with_a_diagnosis(tmp_path: Path, tiny_gemma3_dir,
+                                                capsys: pytest.CaptureFixture[str]) -> None:
     config = write_config(tmp_path, tiny_gemma3_dir, max_steps=12, learning_rate=1e9, max_grad_norm=1e9,
                           save_steps=100, eval_strategy="no")
     assert main(["train", str(config)]) == 1
@@ -96,7 +98,8 @@ def test_non_finite_loss_stops_with_a_diagnosis(tmp_path: Path, tiny_gemma3_dir,
     assert not (tmp_path / "run" / "adapter").exists()
 
 
-def test_early_stopping_restores_the_best_checkpoint(tmp_path: Path, tiny_gemma3_dir, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_early_stopping_restores_the_best_checkpoint(tmp_path: Path, tiny_gemma3_dir,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     config = write_config(tmp_path, tiny_gemma3_dir, max_steps=12, learning_rate=0.5, save_steps=1, eval_steps=1,
                           load_best_model_at_end=True, early_stopping_patience=2, save_total_limit=None)
     monkeypatch.delenv("LRU_CACHE_CAPACITY", raising=False)
@@ -122,7 +125,8 @@ def test_early_stopping_restores_the_best_checkpoint(tmp_path: Path, tiny_gemma3
          "save_steps to be a multiple of eval_steps"),
     ],
 )
-def test_impossible_setups_are_refused_before_loading(tmp_path: Path, tiny_gemma3_dir, capsys: pytest.CaptureFixture[str],
+def test_impossible_setups_are_refused_before_loading(tmp_path: Path, tiny_gemma3_dir,
+                                                      capsys: pytest.CaptureFixture[str],
                                                      overrides: list[str], message: str) -> None:
     config = write_config(tmp_path, tiny_gemma3_dir)
     assert main(["train", str(config), *overrides]) == 2
