@@ -143,7 +143,7 @@ def test_gemma4_unified_projector_computes_what_transformers_computes(checkpoint
     assert got.shape == want.shape
     error = float(np.linalg.norm(got - want) / np.linalg.norm(want))
     print(f"gemma4-unified: image embeddings relative error {error:.2e}")
-    assert error < 1e-2
+    assert error < 2e-3  # measured 4e-4
 
 
 def _encode(mtmd, ctx, bitmap, n_embd: int) -> np.ndarray:
