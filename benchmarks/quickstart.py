@@ -1,16 +1,20 @@
 """Time the README quickstart end to end and show answers before and after fine-tuning.
 
-    python benchmarks/quickstart.py [--config examples/quickstart.yaml] [--questions 3]
+    python benchmarks/quickstart.py [--config examples/quickstart.yaml] [--questions 3] [--agreement]
 
 Runs `gemmaforge run CONFIG` in a subprocess (wall clock of the whole pipeline, per-stage times
-from manifest.json), then answers held-out validation questions greedily with the base model
-(transformers) and with the exported q8_0 GGUF in llama.cpp, the file Ollama would serve.
+from manifest.json), prints the eval report's base and tuned figures (eval/results.json), then answers
+held-out validation questions greedily with the base model (transformers) and with the exported q8_0
+GGUF in llama.cpp, the file Ollama would serve. With --agreement it also runs `gemmaforge eval RUN
+--engine llamacpp gguf=QUANT` for each exported GGUF and prints how many suite answers llama.cpp gives
+character for character as the merged model does (the run's own eval/ is put back afterwards).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import subprocess
 import sys
 import time
@@ -22,6 +26,9 @@ from gemmaforge.models import default_home, resolve_model
 from gemmaforge.templates import render_conversation
 
 MAX_NEW_TOKENS = 96
+# eval/results.json keys shown, in report.md's order
+REPORT_KEYS = ("suite_pass_rate", "eval_loss", "perplexity", "stopped_rate", "retention_accuracy",
+               "general_text_perplexity")
 
 
 def answer_with_transformers(model_dir: Path, prompts: list[str]) -> list[str]:
@@ -53,10 +60,35 @@ def answer_with_llama_cpp(gguf: Path, prompts: list[str]) -> list[str]:
     return answers
 
 
+def print_report(results: dict) -> None:
+    print(f"\n{'eval/results.json':26s} {'base':>8s} {'tuned':>8s}")
+    for key in REPORT_KEYS:
+        print(f"  {key:24s} {results['base'][key]!s:>8s} {results['tuned'][key]!s:>8s}")
+
+
+def print_agreement(run: Path, quants: list[str]) -> None:
+    """Each GGUF's suite answers (llama.cpp) against the merged model's, with eval/ restored afterwards."""
+    kept = run / "eval.benchmark-kept"
+    shutil.copytree(run / "eval", kept)
+    try:
+        for quant in quants:
+            subprocess.run([sys.executable, "-m", "gemmaforge", "eval", str(run), "--engine", "llamacpp",
+                            f"gguf={quant}"], check=True)
+            results = json.loads((run / "eval" / "results.json").read_text())
+            a = results["agreement"]
+            total = len(a["merged_answers"])
+            print(f"  llama.cpp {quant}: {round(a['exact_match'] * total)} of {total} answers identical to the merged "
+                  f"model's, ROUGE-L {a['rouge_l']}, tuned suite pass rate {results['tuned']['suite_pass_rate']}")
+    finally:
+        shutil.rmtree(run / "eval")
+        kept.rename(run / "eval")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", type=Path, default=Path("examples/quickstart.yaml"))
     parser.add_argument("--questions", type=int, default=3)
+    parser.add_argument("--agreement", action="store_true", help="also eval each GGUF with llama.cpp")
     args = parser.parse_args()
 
     start = time.perf_counter()
@@ -69,6 +101,10 @@ def main() -> None:
     for name, stage in manifest["stages"].items():
         print(f"  {name:14s} {stage['runtime_s']:7.1f} s")
     print(f"  train: {json.dumps({k: manifest['stages']['train'][k] for k in ('steps', 'train_loss', 'eval_loss')})}")
+
+    print_report(json.loads((run / "eval" / "results.json").read_text()))
+    if args.agreement:
+        print_agreement(run, list(config.export.gguf))
 
     val = [json.loads(line)["messages"] for line in (run / "data" / "val.jsonl").read_text().splitlines()]
     questions = [m[:-1] for m in val[: args.questions]]

@@ -11,7 +11,7 @@ takes 0.5 to 1.5 s on 2 busy cores; the first one in a process also pays 1 to 2 
 
 On disk the weights use the key names of the checkpoints on the Hub ("hub layout"), which are not always the ones
 transformers >= 5 writes itself (see _hub_layout); pass hub_layout=False for a plain save_pretrained. Norm
-weights are random (tests.conftest.save_tiny), and so are the other values that real checkpoints carry as
+weights are random (tests.tiny_models.save_tiny), and so are the other values that real checkpoints carry as
 trained numbers but transformers initialises to a constant (layer scalars, router scales, clip bounds, vision
 standardisation), so that an export that drops one of them cannot go unnoticed.
 
@@ -531,7 +531,7 @@ def build_checkpoint(kind: str, target: Path, tokenizer_dir: Path, seed: int = 0
     import torch
     import transformers
 
-    from tests.conftest import save_tiny
+    from tests.tiny_models import save_tiny
 
     if kind not in _BUILDERS:
         raise ValueError(f"unknown checkpoint kind {kind!r}; one of {', '.join(KINDS)}")

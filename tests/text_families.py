@@ -1,4 +1,4 @@
-"""Tiny random text-only Gemma 1, 2 and 4 checkpoints (Gemma 3's is tests/conftest.py's build_tiny_gemma3), with
+"""Tiny random text-only Gemma 1, 2 and 4 checkpoints (Gemma 3's is tests/tiny_models.py's build_tiny_gemma3), with
 the structure of their families: Gemma 2's attention and final soft-capping and alternating sliding window,
 Gemma 4's per-layer inputs, KV shared by the last layers and wider heads in full-attention layers."""
 
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import torch
 
-from tests.conftest import save_tiny
+from tests.tiny_models import save_tiny
 
 
 def build_tiny_text(family: str, target: Path, tokenizer_dir: Path) -> Path:

@@ -19,9 +19,10 @@ import pytest
 
 from gemmaforge.export.gguf import write_gguf
 from gemmaforge.models import default_home
-from tests.conftest import save_tiny
+from tests.checkpoint_kinds import KINDS
 from tests.llama_cpp_reference import assert_same_file, convert_both
 from tests.sentencepiece_file import add_google_tokenizer_files
+from tests.tiny_models import save_tiny
 
 pytestmark = pytest.mark.integration
 # The keys allowed to differ, and why: see the module docstring (vocabulary) and general.name (ours is
@@ -134,10 +135,10 @@ def test_gemma4_f16_equals_llama_cpps_converter(converter: Path, text_checkpoint
     assert "rope_freqs.weight" in {t.name for t in ours.tensors}
 
 
-# E2B's and 31B's text models are the text-only Gemma 4 above (per-layer inputs, shared KV) inside the multimodal
-# class; the kinds here add what is new: towers to leave out, the 262,208-row embedding, the MoE block, and Unified's
-# input projections to leave out and suppress_tokens (its Gemma 4 decoder is 31B's: K = V full layers)
-@pytest.mark.parametrize("kind", ["gemma3-mm", "gemma4-moe", "gemma4-unified"])
+# Every multimodal kind (tests/checkpoint_kinds.py): towers to leave out, the 262,208-row embedding, E2B's per-layer
+# inputs and shared KV and audio tower, the MoE block, 31B's K = V full layers, and Unified's input projections to
+# leave out and suppress_tokens
+@pytest.mark.parametrize("kind", KINDS)
 def test_multimodal_text_model_equals_llama_cpps_converter(kind: str, converter: Path, checkpoint_of, text_gguf_of,
                                                            tmp_path: Path) -> None:
     """The text file of each multimodal kind (towers left to the projector file, the 262,208-row Gemma 3

@@ -80,3 +80,18 @@ def test_the_readme_draws_these_layers() -> None:
     stages = [name.removesuffix(" stage") for name, _ in LAYERS if name.endswith(" stage")]
     assert re.search(r"\*\*stages\*\*, in this order: `data/`.*the train recipe.*`export/`.*`evaluate/`",
                      section.replace("\n", " ")) and stages == ["data", "train", "export", "evaluate"]
+
+
+def test_test_modules_share_builders_only_through_helper_modules() -> None:
+    """Tests import shared builders from tests/*.py helper modules or take fixtures, never from conftest.py or
+    another test module (whose import would run its collection-time code twice)."""
+    tests = PACKAGE.parent / "tests"
+    reaching = []
+    for path in sorted(tests.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            names = [node.module or ""] if isinstance(node, ast.ImportFrom) else \
+                [a.name for a in node.names] if isinstance(node, ast.Import) else []
+            for name in names:
+                if re.fullmatch(r"tests\.(conftest|(unit|integration)\..*)", name):
+                    reaching.append(f"{path.relative_to(tests.parent)}:{node.lineno}: imports {name}")
+    assert not reaching, "\n".join(reaching)

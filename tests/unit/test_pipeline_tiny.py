@@ -160,7 +160,7 @@ def test_export_verify_fails_on_an_f16_file_of_another_model(tiny_run: tuple[Pat
     """A GGUF that loads but computes something else (here: another random model) is caught."""
     pytest.importorskip("llama_cpp")
     from gemmaforge.export.gguf import write_gguf
-    from tests.conftest import build_tiny_gemma3
+    from tests.tiny_models import build_tiny_gemma3
 
     run = tiny_run[0]
     other = build_tiny_gemma3(tmp_path / "other", embedded_model.path, seed=1)
