@@ -12,7 +12,8 @@ The JSON report (`--json`, schema "gemmaforge-doctor/1"):
    "gpus": [{"index", "source", "name", "arch", "utilization_pct", "memory_used_bytes", "memory_total_bytes",
              "temperature_c", "power_w"}],          (null where the tool did not say)
    "precision": {"bf16": BOOL, "reason": TEXT}}
-Every check id in CHECK_IDS appears once, in that order; new ids are only ever added.
+Every registered check id (CHECK_IDS) appears once, in that order; new ids are only ever added. A new check is one
+function below under `@check(id, title)`, returning a Finding.
 """
 
 from __future__ import annotations
@@ -43,8 +44,6 @@ from gemmaforge.system.rocm import (
 )
 
 SCHEMA = "gemmaforge-doctor/1"
-CHECK_IDS = ("platform", "torch", "devices", "gpu_tools", "driver_access", "arch_support", "hsa_override", "bf16",
-             "sdpa", "flash_attn", "bitsandbytes", "conflicts", "disk", "hf_token", "llama_cpp", "ollama")
 # bitsandbytes >= 0.50 ships ROCm kernels for these archs (rocm.md)
 BNB_ROCM_ARCHS = ("gfx90a", "gfx942", "gfx950", "gfx1100", "gfx1101", "gfx1102", "gfx1103", "gfx1150", "gfx1151",
                   "gfx1152", "gfx1153", "gfx1200", "gfx1201")
@@ -53,12 +52,44 @@ GiB = 2**30
 
 
 @dataclass
-class Check:
-    id: str
-    title: str
+class Finding:
+    """What a check found; `fix` says what to do unless it passed."""
+
     status: str  # pass | warn | fail | skip
     detail: str
     fix: str | None = None
+
+
+@dataclass
+class Check:
+    """A finding under its check's id and title, as the report lists it."""
+
+    id: str
+    title: str
+    status: str
+    detail: str
+    fix: str | None = None
+
+
+@dataclass(frozen=True)
+class Registered:
+    id: str
+    title: str
+    run: Callable[[Facts], Finding]
+
+
+CHECKS: list[Registered] = []  # in the report's order: the order of the definitions below
+
+
+def check(id: str, title: str) -> Callable[[Callable[[Facts], Finding]], Callable[[Facts], Finding]]:
+    """Register a check under its id (the JSON report's key, never renamed) and title."""
+
+    def register(run: Callable[[Facts], Finding]) -> Callable[[Facts], Finding]:
+        assert id not in {c.id for c in CHECKS}, f"doctor check {id!r} registered twice"
+        CHECKS.append(Registered(id, title, run))
+        return run
+
+    return register
 
 
 @dataclass
@@ -83,7 +114,8 @@ class Host:
 
     sysfs: Path = Path("/sys")
     dev: Path = Path("/dev")
-    env: Mapping[str, str] = field(default_factory=lambda: os.environ)
+    env: Mapping[str, str] = field(default_factory=lambda: os.environ)  # PATH included: where tools are found
+    rocm: Path = Path("/opt/rocm")
     home: Path = Path.home() / ".cache" / "gemmaforge"
     runs: Path = field(default_factory=Path.cwd)
 
@@ -151,71 +183,75 @@ def gather(host: Host | None = None, tools: Callable[[], GpuQuery] = query_gpus)
 # ---------------------------------------------------------------------------- checks
 
 
-def check_platform(f: Facts) -> Check:
-    return Check("platform", "OS and Python", "pass",
-                 f"{platform.system()} {platform.release()} ({platform.machine()}), "
-                 f"Python {platform.python_version()}, "
-                 f"gemmaforge {__version__}")
+@check("platform", "OS and Python")
+def check_platform(f: Facts) -> Finding:
+    return Finding("pass",
+                   f"{platform.system()} {platform.release()} ({platform.machine()}), "
+                   f"Python {platform.python_version()}, "
+                   f"gemmaforge {__version__}")
 
 
 def rocm_index_url(host: Host) -> str:
-    """The PyTorch wheel index for the installed ROCm (/opt/rocm/.info/version), else a current one."""
+    """The PyTorch wheel index for the installed ROCm (its .info/version), else a current one."""
     try:
-        version = Path("/opt/rocm/.info/version").read_text().strip()
+        version = (host.rocm / ".info" / "version").read_text().strip()
         return f"https://download.pytorch.org/whl/rocm{'.'.join(version.split('.')[:2])}"
     except OSError:
         return "https://download.pytorch.org/whl/rocm6.4"
 
 
-def check_torch(f: Facts) -> Check:
+@check("torch", "PyTorch build")
+def check_torch(f: Facts) -> Finding:
     t = f.torch
     if t.version is None:
-        return Check("torch", "PyTorch build", "fail", f"torch cannot be imported ({t.error})",
-                     f"pip install torch --index-url {rocm_index_url(f.host)}  "
-                     "(ROCm; CUDA and CPU builds: pytorch.org)")
+        return Finding("fail", f"torch cannot be imported ({t.error})",
+                       f"pip install torch --index-url {rocm_index_url(f.host)}  "
+                       "(ROCm; CUDA and CPU builds: pytorch.org)")
     detail = f"torch {t.version}, {t.build} build"
     if f.amd_present and not t.hip and not (t.cuda and t.devices):  # an APU's GPU beside a working CUDA card
-        return Check("torch", "PyTorch build", "fail", f"{detail}, but this machine has an AMD GPU: it cannot use it",
-                     f"pip uninstall -y torch && pip install torch --index-url {rocm_index_url(f.host)}")
+        return Finding("fail", f"{detail}, but this machine has an AMD GPU: it cannot use it",
+                       f"pip uninstall -y torch && pip install torch --index-url {rocm_index_url(f.host)}")
     nvidia = any(g.source == "nvidia-smi" for g in f.tools.gpus)
     if nvidia and not t.cuda:
-        return Check("torch", "PyTorch build", "fail", f"{detail}, but this machine has an NVIDIA GPU",
-                     "pip uninstall -y torch && pip install torch --index-url https://download.pytorch.org/whl/cu128")
+        return Finding("fail", f"{detail}, but this machine has an NVIDIA GPU",
+                       "pip uninstall -y torch && pip install torch --index-url https://download.pytorch.org/whl/cu128")
     if t.error:
-        return Check("torch", "PyTorch build", "fail", f"{detail}; the GPU runtime failed: {t.error}",
-                     "run `gemmaforge doctor` again after the fixes below (driver access, arch support)")
-    return Check("torch", "PyTorch build", "pass", detail)
+        return Finding("fail", f"{detail}; the GPU runtime failed: {t.error}",
+                       "run `gemmaforge doctor` again after the fixes below (driver access, arch support)")
+    return Finding("pass", detail)
 
 
-def check_devices(f: Facts) -> Check:
+@check("devices", "Devices torch sees")
+def check_devices(f: Facts) -> Finding:
     if f.torch.devices:
         listed = "; ".join(f"{i}: {d['name']} ({d['arch']}, {d['memory_bytes'] / GiB:.1f} GiB)"
                            for i, d in enumerate(f.torch.devices))
-        return Check("devices", "Devices torch sees", "pass", listed)
+        return Finding("pass", listed)
     cores, ram = os.cpu_count() or 0, total_ram()
     detail = f"no GPU visible to torch: training runs on the CPU ({cores} cores, {ram / GiB:.1f} GiB RAM)"
     if f.amd_present or f.tools.gpus:
-        return Check("devices", "Devices torch sees", "fail", detail.replace("training runs", "training would run"),
-                     "fix the checks marked FAIL above and below (torch build, driver access)")
-    return Check("devices", "Devices torch sees", "pass", detail)
+        return Finding("fail", detail.replace("training runs", "training would run"),
+                       "fix the checks marked FAIL above and below (torch build, driver access)")
+    return Finding("pass", detail)
 
 
-def check_gpu_tools(f: Facts) -> Check:
+@check("gpu_tools", "GPU monitoring tools")
+def check_gpu_tools(f: Facts) -> Finding:
     if not f.tools.gpus:
         if f.amd_present:
-            return Check("gpu_tools", "GPU monitoring tools", "warn",
-                         "no rocm-smi or amd-smi answered" + _problems(f.tools.problems),
-                         "sudo apt install rocm-smi-lib amd-smi-lib (part of ROCm: amdgpu-install --usecase=rocm)")
-        return Check("gpu_tools", "GPU monitoring tools", "skip",
-                     "no GPU tool found (amd-smi, rocm-smi, nvidia-smi)" + _problems(f.tools.problems))
+            return Finding("warn",
+                           "no rocm-smi or amd-smi answered" + _problems(f.tools.problems),
+                           "sudo apt install rocm-smi-lib amd-smi-lib (part of ROCm: amdgpu-install --usecase=rocm)")
+        return Finding("skip",
+                       "no GPU tool found (amd-smi, rocm-smi, nvidia-smi)" + _problems(f.tools.problems))
     described = "; ".join(describe_gpu(g.as_dict()) for g in f.tools.gpus)
     # 'N/A' / '[Not Supported]' is how the tools say a card has no such sensor: unknown, but nothing to fix
     unreadable = [line for line in f.tools.problems if "N/A" not in line and "Not Supported" not in line]
     absent = [line for line in f.tools.problems if line not in unreadable]
     detail = described + (f" (not reported by the card: {'; '.join(absent)})" if absent else "")
-    return Check("gpu_tools", "GPU monitoring tools", "warn" if unreadable else "pass", detail + _problems(unreadable),
-                 "a newer tool version may print these fields; the monitor shows them as unknown" if unreadable
-                 else None)
+    return Finding("warn" if unreadable else "pass", detail + _problems(unreadable),
+                   "a newer tool version may print these fields; the monitor shows them as unknown" if unreadable
+                   else None)
 
 
 def describe_gpu(gpu: Mapping[str, Any]) -> str:
@@ -235,27 +271,27 @@ def _problems(problems: list[str]) -> str:
     return f" (unreadable: {'; '.join(problems)})" if problems else ""
 
 
-def check_driver_access(f: Facts) -> Check:
-    title = "AMD driver and device access"
+@check("driver_access", "AMD driver and device access")
+def check_driver_access(f: Facts) -> Finding:
     if not f.amd_present:
-        return Check("driver_access", title, "skip", "no AMD GPU on this machine")
+        return Finding("skip", "no AMD GPU on this machine")
     kfd, dri = f.host.dev / "kfd", sorted((f.host.dev / "dri").glob("renderD*"))
     if not (f.host.sysfs / "module" / "amdgpu").exists() or not kfd.exists():
-        return Check("driver_access", title, "fail", "the amdgpu kernel driver is not loaded (/dev/kfd is missing)",
-                     "sudo amdgpu-install --usecase=rocm --no-dkms (or --usecase=dkms,rocm), then reboot")
+        return Finding("fail", "the amdgpu kernel driver is not loaded (/dev/kfd is missing)",
+                       "sudo amdgpu-install --usecase=rocm --no-dkms (or --usecase=dkms,rocm), then reboot")
     groups = _group_names()
     missing = [g for g in ("render", "video") if g not in groups]
     blocked = [str(p) for p in (kfd, *dri) if not os.access(p, os.R_OK | os.W_OK)]
     if blocked:
-        return Check("driver_access", title, "fail",
-                     f"cannot open {', '.join(blocked)} read-write (groups: {', '.join(sorted(groups)) or 'none'})",
-                     "sudo usermod -a -G render,video $LOGNAME, then log out and in (or reboot); in Docker: "
-                     "--device=/dev/kfd --device=/dev/dri --group-add video --group-add render")
+        return Finding("fail",
+                       f"cannot open {', '.join(blocked)} read-write (groups: {', '.join(sorted(groups)) or 'none'})",
+                       "sudo usermod -a -G render,video $LOGNAME, then log out and in (or reboot); in Docker: "
+                       "--device=/dev/kfd --device=/dev/dri --group-add video --group-add render")
     detail = f"/dev/kfd and {len(dri)} render node(s) open read-write"
     if missing:
-        return Check("driver_access", title, "warn", f"{detail}, but you are not in group(s) {', '.join(missing)}",
-                     "sudo usermod -a -G render,video $LOGNAME (access may come from elsewhere now)")
-    return Check("driver_access", title, "pass", detail)
+        return Finding("warn", f"{detail}, but you are not in group(s) {', '.join(missing)}",
+                       "sudo usermod -a -G render,video $LOGNAME (access may come from elsewhere now)")
+    return Finding("pass", detail)
 
 
 def _group_names() -> set[str]:
@@ -268,16 +304,16 @@ def _group_names() -> set[str]:
     return names
 
 
-def check_arch_support(f: Facts) -> Check:
-    title = "GPU arch in this torch build"
+@check("arch_support", "GPU arch in this torch build")
+def check_arch_support(f: Facts) -> Finding:
     if not f.amd_present:
-        return Check("arch_support", title, "skip", "no AMD GPU on this machine")
+        return Finding("skip", "no AMD GPU on this machine")
     archs = f.real_archs
     if not archs:
-        return Check("arch_support", title, "warn", "the GPU's arch is unknown (no KFD topology, no tool reported it)",
-                     "install ROCm's rocm-smi, or check `rocminfo | grep gfx`")
+        return Finding("warn", "the GPU's arch is unknown (no KFD topology, no tool reported it)",
+                       "install ROCm's rocm-smi, or check `rocminfo | grep gfx`")
     if not f.torch.hip or not f.torch.arch_list:
-        return Check("arch_support", title, "skip", f"GPU arch {', '.join(archs)}; torch is not a working ROCm build")
+        return Finding("skip", f"GPU arch {', '.join(archs)}; torch is not a working ROCm build")
     override = f.host.env.get("HSA_OVERRIDE_GFX_VERSION")
     spoofed = override_arch(override) if override else None
     missing = [a for a in archs if a not in f.torch.arch_list and not spoofed]
@@ -289,10 +325,10 @@ def check_arch_support(f: Facts) -> Check:
             fix = hide_gpus(archs, f.torch.arch_list)
         else:
             fix = f"install a torch build whose arch list has {', '.join(missing)} (pytorch.org, ROCm wheels)"
-        return Check("arch_support", title, "fail",
-                     f"{', '.join(missing)} not in this build's kernels ({', '.join(f.torch.arch_list)}): "
-                     "'HIP error: invalid device function'", fix)
-    return Check("arch_support", title, "pass", f"{', '.join(archs)} has kernels in this build")
+        return Finding("fail",
+                       f"{', '.join(missing)} not in this build's kernels ({', '.join(f.torch.arch_list)}): "
+                       "'HIP error: invalid device function'", fix)
+    return Finding("pass", f"{', '.join(archs)} has kernels in this build")
 
 
 def hide_gpus(archs: list[str], arch_list: list[str]) -> str:
@@ -301,113 +337,116 @@ def hide_gpus(archs: list[str], arch_list: list[str]) -> str:
     return f"export HIP_VISIBLE_DEVICES={keep} (only the GPUs with kernels in this build)"
 
 
-def check_hsa_override(f: Facts) -> Check:
-    title = "HSA_OVERRIDE_GFX_VERSION"
+@check("hsa_override", "HSA_OVERRIDE_GFX_VERSION")
+def check_hsa_override(f: Facts) -> Finding:
     override = f.host.env.get("HSA_OVERRIDE_GFX_VERSION")
     archs = f.real_archs if f.amd_present else []
     if override is None:
         needed = sorted({OVERRIDE_FOR[a] for a in archs if a in OVERRIDE_FOR and a not in f.torch.arch_list})
         native = [a for a in archs if a in f.torch.arch_list]
         if needed and f.torch.hip and native:  # e.g. an APU's gfx1036 beside an RX 7900 XTX
-            return Check("hsa_override", title, "warn",
-                         f"not set, rightly: {', '.join(native)} runs natively and the override would apply to every "
-                         "GPU; the GPUs without kernels must be hidden instead", hide_gpus(archs, f.torch.arch_list))
+            return Finding("warn",
+                           f"not set, rightly: {', '.join(native)} runs natively and the override would apply to every "
+                           "GPU; the GPUs without kernels must be hidden instead", hide_gpus(archs, f.torch.arch_list))
         if needed and f.torch.hip:
-            return Check("hsa_override", title, "fail", f"needed for {', '.join(archs)} and not set",
-                         f"export HSA_OVERRIDE_GFX_VERSION={needed[0]}")
-        return Check("hsa_override", title, "pass" if archs else "skip",
-                     "not set, and not needed" + (f" ({', '.join(archs)} runs its own kernels)" if archs else ""))
+            return Finding("fail", f"needed for {', '.join(archs)} and not set",
+                           f"export HSA_OVERRIDE_GFX_VERSION={needed[0]}")
+        return Finding("pass" if archs else "skip",
+                       "not set, and not needed" + (f" ({', '.join(archs)} runs its own kernels)" if archs else ""))
     spoofed = override_arch(override)
     if spoofed is None:
-        return Check("hsa_override", title, "fail", f"{override!r} is not MAJOR.MINOR.STEPPING (e.g. 10.3.0)",
-                     "unset HSA_OVERRIDE_GFX_VERSION, or set it as 10.3.0 / 11.0.0")
+        return Finding("fail", f"{override!r} is not MAJOR.MINOR.STEPPING (e.g. 10.3.0)",
+                       "unset HSA_OVERRIDE_GFX_VERSION, or set it as 10.3.0 / 11.0.0")
     if not archs:
-        return Check("hsa_override", title, "warn", f"set to {override} ({spoofed}) on a machine without an AMD GPU",
-                     "unset HSA_OVERRIDE_GFX_VERSION")
+        return Finding("warn", f"set to {override} ({spoofed}) on a machine without an AMD GPU",
+                       "unset HSA_OVERRIDE_GFX_VERSION")
     native = [a for a in archs if a in f.torch.arch_list or (not f.torch.arch_list and a not in OVERRIDE_FOR)]
     if native:
-        return Check("hsa_override", title, "warn",
-                     f"set to {override} ({spoofed}), but {', '.join(native)} is supported natively; the override "
-                     "applies to every GPU and makes torch report the spoofed arch",
-                     "unset HSA_OVERRIDE_GFX_VERSION (remove it from ~/.bashrc)")
+        return Finding("warn",
+                       f"set to {override} ({spoofed}), but {', '.join(native)} is supported natively; the override "
+                       "applies to every GPU and makes torch report the spoofed arch",
+                       "unset HSA_OVERRIDE_GFX_VERSION (remove it from ~/.bashrc)")
     if any(a[:5] != spoofed[:5] for a in archs) or (f.torch.arch_list and spoofed not in f.torch.arch_list):
         expected = sorted({OVERRIDE_FOR[a] for a in archs if a in OVERRIDE_FOR})
-        return Check("hsa_override", title, "fail",
-                     f"set to {override} ({spoofed}), which does not match the GPU ({', '.join(archs)})"
-                     + (" or has no kernels in this build" if f.torch.arch_list else ""),
-                     f"export HSA_OVERRIDE_GFX_VERSION={expected[0]}" if expected else "unset HSA_OVERRIDE_GFX_VERSION")
-    return Check("hsa_override", title, "pass", f"{override}: {', '.join(archs)} runs {spoofed}'s kernels, as needed")
+        return Finding("fail",
+                       f"set to {override} ({spoofed}), which does not match the GPU ({', '.join(archs)})"
+                       + (" or has no kernels in this build" if f.torch.arch_list else ""),
+                       f"export HSA_OVERRIDE_GFX_VERSION={expected[0]}" if expected
+                       else "unset HSA_OVERRIDE_GFX_VERSION")
+    return Finding("pass", f"{override}: {', '.join(archs)} runs {spoofed}'s kernels, as needed")
 
 
-def check_bf16(f: Facts) -> Check:
+@check("bf16", "bf16 decision")
+def check_bf16(f: Facts) -> Finding:
     uses, reason = f.bf16
     archs = f.real_archs if f.amd_present else []
     detail = f"precision auto trains in {'bf16' if uses else 'fp32'}: {reason}"
     if f.torch.hip and archs and not all(has_bf16(a) for a in archs):
         detail += f" (by the real arch: {', '.join(archs)})"
-    return Check("bf16", "bf16 decision", "pass", detail)
+    return Finding("pass", detail)
 
 
-def check_sdpa(f: Facts) -> Check:
-    title = "Fused attention (SDPA) at head_dim 256"
+@check("sdpa", "Fused attention (SDPA) at head_dim 256")
+def check_sdpa(f: Facts) -> Finding:
     if f.sdpa is None:
-        return Check("sdpa", title, "skip", "torch is not usable")
+        return Finding("skip", "torch is not usable")
     backend, reason = f.sdpa
     where = "the GPU" if f.torch.devices else "the CPU"
     if backend:
-        return Check("sdpa", title, "pass", f"{backend.replace('_', ' ')} kernel runs forward and backward on {where}")
+        return Finding("pass", f"{backend.replace('_', ' ')} kernel runs forward and backward on {where}")
     fix = ("export TORCH_ROCM_AOTRITON_ENABLE_EXPERIMENTAL=1 (AOTriton's kernels for archs it marks experimental)"
            if f.torch.hip else "a newer torch build")
-    return Check("sdpa", title, "warn", f"no fused kernel on {where}; attention falls back to the slow math kernel "
-                 f"({reason})", fix)
+    return Finding("warn", f"no fused kernel on {where}; attention falls back to the slow math kernel "
+                   f"({reason})", fix)
 
 
-def check_flash_attn(f: Facts) -> Check:
-    title = "flash-attn package"
+@check("flash_attn", "flash-attn package")
+def check_flash_attn(f: Facts) -> Finding:
     version = _dist_version("flash-attn") or _dist_version("flash_attn")
     if version is None:
-        return Check("flash_attn", title, "skip", "not installed; not needed: gemmaforge trains with PyTorch SDPA")
+        return Finding("skip", "not installed; not needed: gemmaforge trains with PyTorch SDPA")
     archs = f.real_archs if f.torch.hip else []
     unsupported = [a for a in archs if not a.startswith(("gfx90a", "gfx94", "gfx95", "gfx11", "gfx12"))]
     if unsupported:
-        return Check("flash_attn", title, "warn", f"{version} installed; no ROCm kernels for {', '.join(unsupported)}",
-                     "pip uninstall flash-attn (SDPA is used anyway)")
-    return Check("flash_attn", title, "pass", f"{version} installed (not needed: gemmaforge trains with SDPA)")
+        return Finding("warn", f"{version} installed; no ROCm kernels for {', '.join(unsupported)}",
+                       "pip uninstall flash-attn (SDPA is used anyway)")
+    return Finding("pass", f"{version} installed (not needed: gemmaforge trains with SDPA)")
 
 
-def check_bitsandbytes(f: Facts) -> Check:
-    title = "bitsandbytes (QLoRA: model.load_in_4bit)"
+@check("bitsandbytes", "bitsandbytes (QLoRA: model.load_in_4bit)")
+def check_bitsandbytes(f: Facts) -> Finding:
     version = _dist_version("bitsandbytes")
     if not f.torch.devices:
-        return Check("bitsandbytes", title, "skip", "QLoRA needs a GPU; LoRA on the full-precision base works here")
+        return Finding("skip", "QLoRA needs a GPU; LoRA on the full-precision base works here")
     if version is None:
-        return Check("bitsandbytes", title, "warn", "not installed: model.load_in_4bit is refused",
-                     "pip install 'bitsandbytes>=0.50'")
+        return Finding("warn", "not installed: model.load_in_4bit is refused",
+                       "pip install 'bitsandbytes>=0.50'")
     if f.torch.hip:
         too_old = _older_than(version, (0, 50))
         unsupported = [a for a in f.real_archs if a not in BNB_ROCM_ARCHS]
         if too_old or unsupported:
             why = f"{version} predates official ROCm support (0.50)" if too_old else \
                 f"no ROCm kernels for {', '.join(unsupported)}"
-            return Check("bitsandbytes", title, "warn", why, "pip install -U 'bitsandbytes>=0.50'")
-    return Check("bitsandbytes", title, "pass", f"{version}")
+            return Finding("warn", why, "pip install -U 'bitsandbytes>=0.50'")
+    return Finding("pass", f"{version}")
 
 
-def check_conflicts(f: Facts) -> Check:
-    title = "Conflicting packages"
+@check("conflicts", "Conflicting packages")
+def check_conflicts(f: Facts) -> Finding:
     if not f.torch.hip:
-        return Check("conflicts", title, "pass", "none (checked: pip amdsmi, pynvml beside a ROCm torch)")
+        return Finding("pass", "none (checked: pip amdsmi, pynvml beside a ROCm torch)")
     amdsmi, pynvml = _dist_version("amdsmi"), _dist_version("pynvml") or _dist_version("nvidia-ml-py")
     if amdsmi:
-        return Check("conflicts", title, "fail", f"pip amdsmi {amdsmi} beside a ROCm torch: torch.cuda.device_count() "
-                     "can return 0", "pip uninstall -y amdsmi (use ROCm's own amd-smi command)")
+        return Finding("fail", f"pip amdsmi {amdsmi} beside a ROCm torch: torch.cuda.device_count() "
+                       "can return 0", "pip uninstall -y amdsmi (use ROCm's own amd-smi command)")
     if pynvml:
-        return Check("conflicts", title, "warn", f"pynvml {pynvml} beside a ROCm torch (NVIDIA's library, unused here)",
-                     "pip uninstall -y pynvml nvidia-ml-py")
-    return Check("conflicts", title, "pass", "none (no pip amdsmi or pynvml beside the ROCm torch)")
+        return Finding("warn", f"pynvml {pynvml} beside a ROCm torch (NVIDIA's library, unused here)",
+                       "pip uninstall -y pynvml nvidia-ml-py")
+    return Finding("pass", "none (no pip amdsmi or pynvml beside the ROCm torch)")
 
 
-def check_disk(f: Facts) -> Check:
+@check("disk", "Free disk")
+def check_disk(f: Facts) -> Finding:
     places = {"models": f.host.env.get("GEMMAFORGE_HOME") or str(f.host.home), "runs": str(f.host.runs)}
     found = []
     worst = "pass"
@@ -417,7 +456,7 @@ def check_disk(f: Facts) -> Check:
         worst = "fail" if free < DISK_FAIL else "warn" if free < DISK_WARN and worst != "fail" else worst
     fix = None if worst == "pass" else "free some space: a 270M run needs ~3 GiB (merged model and GGUF files), " \
         "a 4B run ~30 GiB; GEMMAFORGE_HOME moves the model cache"
-    return Check("disk", "Free disk", worst, "; ".join(found), fix)
+    return Finding(worst, "; ".join(found), fix)
 
 
 def _existing(path: Path) -> Path:
@@ -426,64 +465,61 @@ def _existing(path: Path) -> Path:
     return path
 
 
-def check_hf_token(f: Facts) -> Check:
-    title = "Hugging Face token"
-    token = f.host.env.get("HF_TOKEN") or f.host.env.get("HUGGING_FACE_HUB_TOKEN")
-    if not token:
+@check("hf_token", "Hugging Face token")
+def check_hf_token(f: Facts) -> Finding:
+    env = f.host.env
+    token = env.get("HF_TOKEN") or env.get("HUGGING_FACE_HUB_TOKEN")
+    if not token:  # where huggingface_hub keeps the token `hf auth login` saved (huggingface_hub.constants)
+        hf_home = env.get("HF_HOME") or str(Path(env.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "huggingface")
         try:
-            from huggingface_hub import get_token
-
-            token = get_token()
-        except Exception:  # noqa: BLE001 - an unreadable token file is the same as none
+            token = Path(env.get("HF_TOKEN_PATH") or Path(hf_home) / "token").expanduser().read_text().strip()
+        except OSError:  # an unreadable token file is the same as none
             token = None
     if token:
-        return Check("hf_token", title, "pass", "found: gated models (google/gemma-*) can download after you accept "
-                     "their license on huggingface.co")
-    return Check("hf_token", title, "warn", "none: the embedded gemma3-270m and local folders need none; gated "
-                 "google/gemma-* hub ids do", "hf auth login (after accepting the Gemma license on huggingface.co)")
+        return Finding("pass", "found: gated models (google/gemma-*) can download after you accept "
+                       "their license on huggingface.co")
+    return Finding("warn", "none: the embedded gemma3-270m and local folders need none; gated "
+                   "google/gemma-* hub ids do", "hf auth login (after accepting the Gemma license on huggingface.co)")
 
 
-def check_llama_cpp(f: Facts) -> Check:
-    title = "llama.cpp"
-    binaries = [b for b in ("llama-cli", "llama-server", "llama-quantize") if shutil.which(b)]
+@check("llama_cpp", "llama.cpp")
+def check_llama_cpp(f: Facts) -> Finding:
+    binaries = [b for b in ("llama-cli", "llama-server", "llama-quantize") if _which(b, f.host)]
     tools = f"; binaries on PATH: {', '.join(binaries)}" if binaries else ""
     version = _dist_version("llama-cpp-python")
     if version is None:
-        return Check("llama_cpp", title, "warn", f"llama-cpp-python not installed: K-quant GGUF export, "
-                     f"`export verify` and `--engine llamacpp` need it{tools}", "pip install llama-cpp-python")
-    return Check("llama_cpp", title, "pass", f"llama-cpp-python {version}{tools}")
+        return Finding("warn", f"llama-cpp-python not installed: K-quant GGUF export, "
+                       f"`export verify` and `--engine llamacpp` need it{tools}", "pip install llama-cpp-python")
+    return Finding("pass", f"llama-cpp-python {version}{tools}")
 
 
-def check_ollama(f: Facts) -> Check:
-    path = shutil.which("ollama")
+@check("ollama", "Ollama")
+def check_ollama(f: Facts) -> Finding:
+    path = _which("ollama", f.host)
     if path is None:
-        return Check("ollama", "Ollama", "warn", "no `ollama` on PATH: `export ollama --create` needs it (`gemmaforge "
-                     "serve` speaks Ollama's API without it)", "curl -fsSL https://ollama.com/install.sh | sh")
+        return Finding("warn", "no `ollama` on PATH: `export ollama --create` needs it (`gemmaforge "
+                       "serve` speaks Ollama's API without it)", "curl -fsSL https://ollama.com/install.sh | sh")
     try:
         out = subprocess.run([path, "--version"], check=False, capture_output=True, text=True, timeout=5,
                              errors="replace")
         version = (out.stdout or out.stderr).strip().splitlines()[-1] if (out.stdout or out.stderr).strip() else "?"
     except (OSError, subprocess.TimeoutExpired) as exc:
-        return Check("ollama", "Ollama", "warn", f"{path} does not answer --version ({type(exc).__name__})",
-                     "reinstall: curl -fsSL https://ollama.com/install.sh | sh")
-    return Check("ollama", "Ollama", "pass", f"{path}: {version}")
+        return Finding("warn", f"{path} does not answer --version ({type(exc).__name__})",
+                       "reinstall: curl -fsSL https://ollama.com/install.sh | sh")
+    return Finding("pass", f"{path}: {version}")
 
 
-CHECKS: tuple[Callable[[Facts], Check], ...] = (
-    check_platform, check_torch, check_devices, check_gpu_tools, check_driver_access, check_arch_support,
-    check_hsa_override, check_bf16, check_sdpa, check_flash_attn, check_bitsandbytes, check_conflicts, check_disk,
-    check_hf_token, check_llama_cpp, check_ollama,
-)
+CHECK_IDS = tuple(c.id for c in CHECKS)
 
 
 def run_checks(facts: Facts) -> list[Check]:
     checks = []
-    for check in CHECKS:
+    for registered in CHECKS:
         try:
-            checks.append(check(facts))
+            finding = registered.run(facts)
         except Exception as exc:  # noqa: BLE001 - one broken check must not hide the others
-            name = check.__name__.removeprefix("check_")
-            checks.append(Check(name, name, "warn", f"the check itself failed: {type(exc).__name__}: {exc}"))
+            finding = Finding("warn", f"the check itself failed: {type(exc).__name__}: {exc}")
+        checks.append(Check(registered.id, registered.title, finding.status, finding.detail, finding.fix))
     return checks
 
 
@@ -522,6 +558,10 @@ def doctor(as_json: bool, host: Host | None = None) -> int:
     else:  # the report is the command's output: stdout, unlike the stages' progress
         Console(soft_wrap=True, highlight=False).print(render(result))
     return 1 if result["status"] == "fail" else 0
+
+
+def _which(tool: str, host: Host) -> str | None:
+    return shutil.which(tool, path=host.env.get("PATH", os.defpath))
 
 
 def _dist_version(name: str) -> str | None:

@@ -229,3 +229,57 @@ def test_kfd_topology_that_is_unreadable_or_odd_is_skipped(tmp_path) -> None:
     (nodes / "notanode").mkdir()
     (nodes / "1").mkdir()  # no properties file
     assert kfd_gpus(tmp_path) == []
+
+
+def test_checks_are_registered_once_in_the_documented_order_and_a_broken_one_is_a_warning(tmp_path,
+                                                                                        monkeypatch) -> None:
+    assert doc.CHECK_IDS == tuple(DOCUMENTED_IDS) and len({c.title for c in doc.CHECKS}) == len(doc.CHECKS)
+    with pytest.raises(AssertionError, match="'disk' registered twice"):
+        doc.check("disk", "Free disk again")(doc.check_disk)
+
+    def broken(facts: doc.Facts) -> doc.Finding:
+        raise OSError("no such file: /sys/x")
+
+    registered = {c.id: c for c in doc.CHECKS}
+    monkeypatch.setattr(doc, "CHECKS", [doc.Registered("disk", registered["disk"].title, broken)])
+    facts = doc.Facts(doc.Host(env={}, home=tmp_path, runs=tmp_path), doc.TorchFacts(), GpuQuery([], []), [],
+                      (False, "x"), None)
+    (found,) = doc.run_checks(facts)
+    assert (found.id, found.title, found.status) == ("disk", "Free disk", "warn")
+    assert found.detail == "the check itself failed: OSError: no such file: /sys/x"
+
+
+def test_the_rocm_wheel_index_and_the_tools_come_from_the_injected_host(tmp_path) -> None:
+    """A ROCm 6.3 machine and a PATH with `ollama` and `llama-server`, described in a temporary folder."""
+    rocm, bin_dir = tmp_path / "rocm", tmp_path / "bin"
+    (rocm / ".info").mkdir(parents=True)
+    (rocm / ".info" / "version").write_text("6.3.2-111\n")
+    bin_dir.mkdir()
+    for tool, out in (("ollama", "ollama version is 0.30.1"), ("llama-server", "")):
+        (bin_dir / tool).write_text(f"#!/bin/sh\necho '{out}'\n")
+        (bin_dir / tool).chmod(0o755)
+    host = doc.Host(env={"PATH": str(bin_dir)}, rocm=rocm, home=tmp_path, runs=tmp_path)
+    assert doc.rocm_index_url(host) == "https://download.pytorch.org/whl/rocm6.3"
+    assert doc.rocm_index_url(replace(host, rocm=tmp_path / "none")) == "https://download.pytorch.org/whl/rocm6.4"
+    facts = doc.Facts(host, doc.TorchFacts(error="ImportError: no torch"), GpuQuery([], []), [], (False, "x"), None)
+    assert "--index-url https://download.pytorch.org/whl/rocm6.3" in doc.check_torch(facts).fix
+    ollama = doc.check_ollama(facts)
+    assert ollama.status == "pass" and ollama.detail == f"{bin_dir / 'ollama'}: ollama version is 0.30.1"
+    assert "binaries on PATH: llama-server" in doc.check_llama_cpp(facts).detail
+    nothing = replace(facts, host=replace(host, env={"PATH": str(tmp_path / "empty")}))
+    assert doc.check_ollama(nothing).status == "warn" and "llama-server" not in doc.check_llama_cpp(nothing).detail
+
+
+def test_the_hugging_face_token_is_looked_for_where_huggingface_hub_keeps_it(tmp_path) -> None:
+    (tmp_path / "hf").mkdir()
+    facts = doc.Facts(doc.Host(env={"HF_HOME": str(tmp_path / "hf")}, home=tmp_path, runs=tmp_path),
+                      doc.TorchFacts(), GpuQuery([], []), [], (False, "x"), None)
+    assert doc.check_hf_token(facts).status == "warn"
+    (tmp_path / "hf" / "token").write_text("hf_abc\n")
+    assert doc.check_hf_token(facts).status == "pass"
+    saved = replace(facts, host=replace(facts.host, env={"XDG_CACHE_HOME": str(tmp_path)}))  # ~/.cache moved
+    assert doc.check_hf_token(saved).status == "warn"
+    (tmp_path / "huggingface").mkdir()
+    (tmp_path / "huggingface" / "token").write_text("hf_abc")
+    assert doc.check_hf_token(saved).status == "pass"
+    assert doc.check_hf_token(replace(facts, host=replace(facts.host, env={"HF_TOKEN": "hf_x"}))).status == "pass"
