@@ -235,6 +235,13 @@ class EvalConfig(Section):
         None, ge=0, le=1, description="exit 1 when the tuned suite pass rate is below this (for CI)"
     )
 
+    @model_validator(mode="after")
+    def _gguf_needs_llamacpp(self) -> EvalConfig:
+        if self.gguf is not None and self.engine != "llamacpp":
+            raise ValueError("eval.gguf picks the file the llamacpp engine answers from: set eval.engine to llamacpp "
+                             "(--engine llamacpp), or leave out eval.gguf")
+        return self
+
 
 # f32 ... q5_0 are written in numpy; the K-quants by llama.cpp's quantizer (export/quantize.py)
 GgufQuant = Literal["f32", "f16", "bf16", "q8_0", "q4_0", "q5_0", "q4_k_m", "q5_k_m", "q6_k"]

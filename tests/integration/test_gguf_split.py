@@ -111,8 +111,10 @@ def test_an_incomplete_set_of_shards_is_named(tiny_gemma3_dir: Path, tmp_path: P
 
 
 @pytest.mark.parametrize(("text", "size"), [("2G", 2 * 10**9), ("500M", 5 * 10**8), ("1.5k", 1500), ("300", 300),
-                                            ("4GB", 4 * 10**9)])
+                                            ("4GB", 4 * 10**9), ("1T", 10**12), ("2t", 2 * 10**12)])
 def test_sizes_are_read_as_llama_cpp_reads_them(text: str, size: int) -> None:
+    """Decimal units, as llama.cpp's converter reads K, M and G; T (which llama.cpp's tools do not take) continues
+    the same decimal series: 10^12, never 2^40."""
     assert parse_decimal_size(text) == size
 
 

@@ -12,7 +12,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from gemmaforge.cli import build_parser, main, serve_options
+from gemmaforge.cli import build_parser, main
+from gemmaforge.cli.serve import serve_options
 from gemmaforge.export.gguf import write_gguf
 from gemmaforge.models import default_home
 from gemmaforge.serve.server import ServeOptions, background_server, load_registry

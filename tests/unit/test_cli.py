@@ -118,6 +118,32 @@ def test_serve_listens_on_loopback_at_ollamas_port_by_default() -> None:
     assert (args.host, args.port) == ("127.0.0.1", 11434)
 
 
+@pytest.mark.parametrize(("argv", "says"), [
+    (["chat", "http://127.0.0.1:9", "--engine", "llamacpp"], "leave out --engine"),
+    (["chat", "http://127.0.0.1:9", "--num-ctx", "8", "--dtype", "fp32"], "leave out --num-ctx, --dtype"),
+    (["chat", "gemma3-270m", "--model", "x"], "--model picks one of the models a server URL serves"),
+    (["chat", "gemma3-270m", "--engine", "llamacpp", "--dtype", "bf16"], "--dtype sets the transformers engine's"),
+    (["serve", "gemma3-270m", "--engine", "llamacpp", "--dtype", "fp32"], "--engine llamacpp runs the GGUF file's"),
+])
+def test_flags_that_would_be_ignored_are_refused(argv: list[str], says: str, capsys, monkeypatch) -> None:
+    """Refused before anything is loaded or served (the model loaders are not reached)."""
+    import gemmaforge.serve.server as server
+
+    monkeypatch.setattr(server, "load_registry", lambda *a, **k: pytest.fail("loaded a model"))
+    monkeypatch.setattr(server, "serve", lambda *a, **k: pytest.fail("served"))
+    assert main(argv) == 2
+    assert says in " ".join(capsys.readouterr().err.split())
+
+
+def test_eval_gguf_without_the_llamacpp_engine_is_refused_before_loading(tmp_path: Path, capsys) -> None:
+    from gemmaforge.config import load_config
+    from gemmaforge.runs import RunDir
+
+    run = RunDir.create(load_config(write_config(tmp_path, tmp_path / "no-model-here")))
+    assert main(["eval", str(run.root), "gguf=q8_0"]) == 2
+    assert "eval.gguf picks the file the llamacpp engine answers from" in " ".join(capsys.readouterr().err.split())
+    assert not (run.root / "eval").exists()
+
 
 def test_every_verb_and_target_has_help(capsys: pytest.CaptureFixture[str]) -> None:
     """`gemmaforge --help` lists every verb README documents, and each verb (and export target) has its own."""

@@ -111,6 +111,19 @@ def test_short_texts_are_one_shingle() -> None:
     assert dedup.check("您好") is None
 
 
+def test_shingles_are_5_characters_wide() -> None:
+    """README: MinHash over character 5-grams. One shingle gives one MinHash value (every empty bin copies it);
+    a text's values are exactly those of its 5-character windows: 5 characters make one shingle, 6 make two."""
+    dedup = Deduplicator("near")
+
+    def values(text: str) -> set[int]:
+        return set(dedup._signature(text).tolist())
+
+    assert len(values("abcde")) == 1
+    assert values("abcdef") == values("abcde") | values("bcdef") and len(values("abcdef")) == 2
+    assert values("abcdefg") == values("abcde") | values("bcdef") | values("cdefg") and len(values("abcdefg")) == 3
+
+
 def test_english_changed_word_is_a_near_duplicate() -> None:
     # 318 shingles; "thousand" -> "hundred" changes 21 of them: Jaccard 0.94.
     dedup = Deduplicator("near", threshold=0.8)

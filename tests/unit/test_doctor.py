@@ -283,3 +283,148 @@ def test_the_hugging_face_token_is_looked_for_where_huggingface_hub_keeps_it(tmp
     (tmp_path / "huggingface" / "token").write_text("hf_abc")
     assert doc.check_hf_token(saved).status == "pass"
     assert doc.check_hf_token(replace(facts, host=replace(facts.host, env={"HF_TOKEN": "hf_x"}))).status == "pass"
+
+
+def described(tmp_path: Path, torch_facts: doc.TorchFacts,
+              sdpa: tuple[str | None, str] | None = ("flash_attention", "")) -> doc.Facts:
+    """Facts of a machine described only by its torch (no KFD topology, no GPU tool, an empty /dev)."""
+    host = doc.Host(sysfs=tmp_path, dev=tmp_path, env={}, home=tmp_path, runs=tmp_path)
+    return doc.Facts(host, torch_facts, GpuQuery([], []), [], (True, "x"), sdpa)
+
+
+def rocm_torch(arch: str = "gfx1100") -> doc.TorchFacts:
+    return doc.TorchFacts("2.6.0+rocm6.4", "6.4.0", None,
+                          [{"name": "AMD Radeon RX 7900 XTX", "arch": arch, "memory_bytes": XTX_BYTES}], [arch])
+
+
+def cuda_torch() -> doc.TorchFacts:
+    return doc.TorchFacts("2.6.0+cu126", None, "12.6",
+                          [{"name": "NVIDIA GeForce RTX 4090", "arch": "sm_89", "memory_bytes": 24 * 2**30}])
+
+
+def test_devices_names_every_device_torch_sees_with_its_arch_and_memory(tmp_path: Path) -> None:
+    """README: `devices` lists every device torch sees: name, arch (gcnArchName on ROCm), memory."""
+    torch_facts = rocm_torch()
+    torch_facts.devices.append({"name": "AMD Instinct MI300X", "arch": "gfx942", "memory_bytes": 192 * 2**30})
+    check = doc.check_devices(described(tmp_path, torch_facts))
+    assert check.status == "pass" and check.fix is None
+    assert check.detail == "0: AMD Radeon RX 7900 XTX (gfx1100, 24.0 GiB); 1: AMD Instinct MI300X (gfx942, 192.0 GiB)"
+
+
+def test_bf16_is_decided_by_the_rocm_arch_rdna4_included_and_by_compute_capability_on_cuda(monkeypatch) -> None:
+    """README: bf16 on CUDA sm80+, on ROCm by the arch (CDNA and RDNA3/4 yes, RDNA1/2 no, whatever
+    torch.cuda.is_bf16_supported() says)."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from gemmaforge.train.precision import bf16_decision
+
+    assert has_bf16("gfx1201") and has_bf16("gfx1200") and has_bf16("gfx908") and not has_bf16("gfx1010")
+    monkeypatch.delenv("HSA_OVERRIDE_GFX_VERSION", raising=False)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *args, **kwargs: True)  # what ROCm always says
+
+    def device(name: str, major: int, minor: int, arch: str = "") -> None:
+        props = SimpleNamespace(name=name, major=major, minor=minor, gcnArchName=arch)
+        monkeypatch.setattr(torch.cuda, "get_device_properties", lambda index=0: props)
+
+    monkeypatch.setattr(torch.version, "hip", None)
+    device("NVIDIA A100", 8, 0)
+    assert bf16_decision() == (True, "NVIDIA A100 (compute capability 8.0) has bf16 hardware")
+    device("Tesla T4", 7, 5)
+    assert bf16_decision() == (False, "Tesla T4 (compute capability 7.5) has no bf16 hardware: fp32")
+    monkeypatch.setattr(torch.version, "hip", "6.4.0")
+    device("AMD Radeon RX 9070 XT", 12, 0, "gfx1201:xnack-")
+    assert bf16_decision() == (True, "AMD Radeon RX 9070 XT (gfx1201) has bf16 hardware")
+    device("AMD Radeon RX 6800", 10, 3, "gfx1030")
+    uses, reason = bf16_decision()
+    assert not uses and "(gfx1030) has no bf16 hardware" in reason
+
+
+def test_sdpa_warns_with_a_fix_when_no_fused_kernel_runs(tmp_path: Path) -> None:
+    """README: `sdpa` passes when a fused kernel (flash or memory-efficient) runs forward and backward."""
+    fused = doc.check_sdpa(described(tmp_path, rocm_torch(), ("flash_attention", "")))
+    assert fused.status == "pass" and fused.fix is None
+    assert fused.detail == "flash attention kernel runs forward and backward on the GPU"
+    efficient = doc.check_sdpa(described(tmp_path, doc.TorchFacts("2.6.0", None, None), ("efficient_attention", "")))
+    assert efficient.status == "pass" and efficient.detail.endswith("on the CPU")
+    math_only = doc.check_sdpa(described(tmp_path, rocm_torch(), (None, "head_dim 256 is not supported")))
+    assert math_only.status == "warn" and "slow math kernel (head_dim 256 is not supported)" in math_only.detail
+    assert math_only.fix.startswith("export TORCH_ROCM_AOTRITON_ENABLE_EXPERIMENTAL=1")
+    assert doc.check_sdpa(described(tmp_path, cuda_torch(), (None, "x"))).fix == "a newer torch build"
+    assert doc.check_sdpa(described(tmp_path, doc.TorchFacts(), None)).status == "skip"
+
+
+def installed(monkeypatch: pytest.MonkeyPatch, **versions: str) -> None:
+    """Pretend that exactly these distributions are installed (by their pip names, '-' written '_')."""
+    monkeypatch.setattr(doc, "_dist_version", lambda name: versions.get(name.replace("-", "_")))
+
+
+def test_flash_attn_is_looked_up_and_judged_by_arch(tmp_path: Path, monkeypatch) -> None:
+    """README: `flash_attn` installed, and with kernels for this arch (not needed: training uses SDPA)."""
+    installed(monkeypatch)
+    missing = doc.check_flash_attn(described(tmp_path, rocm_torch()))
+    assert missing.status == "skip" and missing.detail.startswith("not installed")
+    installed(monkeypatch, flash_attn="2.7.4")
+    assert doc.check_flash_attn(described(tmp_path, rocm_torch("gfx1100"))).status == "pass"
+    assert doc.check_flash_attn(described(tmp_path, cuda_torch())) == doc.Finding(
+        "pass", "2.7.4 installed (not needed: gemmaforge trains with SDPA)")
+    rdna2 = doc.check_flash_attn(described(tmp_path, rocm_torch("gfx1030")))
+    assert rdna2.status == "warn" and "no ROCm kernels for gfx1030" in rdna2.detail and "uninstall" in rdna2.fix
+
+
+def test_bitsandbytes_needs_0_50_on_rocm(tmp_path: Path, monkeypatch) -> None:
+    """README: `bitsandbytes` installed, with kernels for this arch; QLoRA needs bitsandbytes 0.50+ on ROCm."""
+    installed(monkeypatch)
+    missing = doc.check_bitsandbytes(described(tmp_path, rocm_torch()))
+    assert missing.status == "warn" and "not installed" in missing.detail
+    assert missing.fix == "pip install 'bitsandbytes>=0.50'"
+    installed(monkeypatch, bitsandbytes="0.49.2")
+    old = doc.check_bitsandbytes(described(tmp_path, rocm_torch()))
+    assert old.status == "warn" and old.detail == "0.49.2 predates official ROCm support (0.50)"
+    assert old.fix == "pip install -U 'bitsandbytes>=0.50'"
+    assert doc.check_bitsandbytes(described(tmp_path, cuda_torch())).status == "pass"  # the 0.50 floor is ROCm's
+    assert doc.check_bitsandbytes(described(tmp_path, doc.TorchFacts("2.6.0", None, None))).status == "skip"
+    installed(monkeypatch, bitsandbytes="0.50.0")
+    assert doc.check_bitsandbytes(described(tmp_path, rocm_torch())) == doc.Finding("pass", "0.50.0")
+    rdna2 = doc.check_bitsandbytes(described(tmp_path, rocm_torch("gfx1030")))
+    assert rdna2.status == "warn" and rdna2.detail == "no ROCm kernels for gfx1030"
+
+
+@pytest.mark.parametrize("package", ["pynvml", "nvidia_ml_py"])
+def test_pynvml_beside_a_rocm_torch_warns(tmp_path: Path, monkeypatch, package: str) -> None:
+    """README: `conflicts` is pip amdsmi or pynvml beside a ROCm torch (pynvml's current name: nvidia-ml-py)."""
+    installed(monkeypatch, **{package: "12.570.86"})
+    check = doc.check_conflicts(described(tmp_path, rocm_torch()))
+    assert check.status == "warn" and "pynvml 12.570.86 beside a ROCm torch" in check.detail
+    assert check.fix == "pip uninstall -y pynvml nvidia-ml-py"
+    assert doc.check_conflicts(described(tmp_path, cuda_torch())).status == "pass"  # NVIDIA's own library there
+    installed(monkeypatch)
+    assert doc.check_conflicts(described(tmp_path, rocm_torch())).status == "pass"
+
+
+@pytest.mark.parametrize(("models_free", "runs_free", "status"), [
+    (2 * 2**30 - 1, 100 * 2**30, "fail"),
+    (100 * 2**30, 2 * 2**30 - 1, "fail"),
+    (2 * 2**30, 100 * 2**30, "warn"),
+    (100 * 2**30, 20 * 2**30 - 1, "warn"),
+    (20 * 2**30, 20 * 2**30, "pass"),
+])
+def test_disk_fails_below_2_gib_and_warns_below_20_gib_where_models_or_runs_go(tmp_path: Path, monkeypatch,
+                                                                              models_free: int, runs_free: int,
+                                                                              status: str) -> None:
+    """README: `disk` is the free space where models (GEMMAFORGE_HOME) and runs go; the worse place decides."""
+    import shutil
+
+    models, runs = tmp_path / "models", tmp_path / "runs"
+    models.mkdir()
+    runs.mkdir()
+    free = {models: models_free, runs: runs_free}
+    monkeypatch.setattr(doc.shutil, "disk_usage", lambda path: shutil._ntuple_diskusage(2**40, 0, free[Path(path)]))
+    facts = described(tmp_path, doc.TorchFacts())
+    facts.host = replace(facts.host, env={"GEMMAFORGE_HOME": str(models)}, home=tmp_path / "elsewhere", runs=runs)
+    check = doc.check_disk(facts)
+    assert check.status == status and (check.fix is None) == (status == "pass")
+    assert check.detail == (f"models {models}: {models_free / 2**30:.1f} GiB free; "
+                            f"runs {runs}: {runs_free / 2**30:.1f} GiB free")
