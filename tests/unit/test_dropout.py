@@ -16,6 +16,16 @@ def test_drops_at_rate_p_scales_the_rest_and_backpropagates_through_the_same_mas
     torch.testing.assert_close(x.grad, kept.float() / 0.9)
 
 
+def test_what_backward_keeps_is_a_bool_mask_not_a_copy_of_the_input() -> None:
+    """nn.Dropout keeps a mask of the input's dtype (4 bytes per element in fp32); ours keeps 1-byte bools."""
+    saved: list[torch.Tensor] = []
+    x = torch.randn(64, 32, requires_grad=True)
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
+        y = ByteMaskDropout(0.1).train()(x)
+    assert [(t.dtype, tuple(t.shape)) for t in saved] == [(torch.bool, (64, 32))]
+    y.sum().backward()
+
+
 def test_identity_in_eval_mode_and_at_p_zero() -> None:
     x = torch.randn(3, 4)
     assert ByteMaskDropout(0.5).eval()(x) is x

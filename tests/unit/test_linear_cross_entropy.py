@@ -89,3 +89,48 @@ def test_a_chunk_holds_the_bytes_per_logit_the_planner_prices(dtype: torch.dtype
     config = Gemma2Config(final_logit_softcapping=softcap)
     assert (tracked.peak - inputs) / (n * vocab) == pytest.approx(logit_bytes(config, dtype), rel=0.02)
     assert logit_bytes(config, dtype) == (8 if softcap else 6 if dtype == torch.bfloat16 else 4)
+
+
+def test_the_output_layer_costs_two_multiplies_per_supervised_token() -> None:
+    """Forward and backward together multiply each supervised hidden state by the V x H output weight twice
+    (logits, then dh); the plain chunked loss, which recomputes each chunk's logits in backward, needs three."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class OutputLayerMultiplies(TorchDispatchMode):
+        def __init__(self) -> None:
+            super().__init__()
+            self.macs = 0  # multiply-accumulates of products with a vocabulary-sized operand
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func in (torch.ops.aten.mm.default, torch.ops.aten.addmm.default, torch.ops.aten.bmm.default):
+                a, b = (args[1], args[2]) if func is torch.ops.aten.addmm.default else (args[0], args[1])
+                if VOCAB in (*a.shape, *b.shape):
+                    self.macs += a.shape[-2] * a.shape[-1] * b.shape[-1]
+            return func(*args, **(kwargs or {}))
+
+    layer, n = output_layer(trained_tokens=False), 23
+    hidden, targets = torch.randn(n, HIDDEN), torch.randint(0, VOCAB, (n,))
+    counts = []
+    for compute in (linear_cross_entropy, chunked_cross_entropy):
+        h = hidden.clone().requires_grad_(True)
+        with OutputLayerMultiplies() as counter:
+            compute(h, targets, layer, None, 5).backward()
+        counts.append(counter.macs / (n * VOCAB * HIDDEN))
+    assert counts == [2, 3]
+
+
+def test_over_many_chunks_forward_and_backward_hold_one_chunk_of_logits_at_a_time() -> None:
+    """Four chunks through the fused loss, forward and backward: the peak is one chunk's n x V buffers (4 bytes per
+    logit in fp32), not four; a loss that kept its logits for backward would peak at all of them."""
+    from tests.tensor_memory import PeakTensorMemory
+
+    chunk, chunks, vocab, hidden = 64, 4, 8192, 8
+    linear = torch.nn.Linear(hidden, vocab, bias=False).requires_grad_(False)
+    h = torch.randn(chunk * chunks, hidden, requires_grad=True)
+    targets = torch.randint(0, vocab, (chunk * chunks,))
+    inputs = sum(x.untyped_storage().nbytes() for x in (h, linear.weight, targets))
+    with PeakTensorMemory(h, linear.weight, targets) as tracked:
+        linear_cross_entropy(h, targets, linear, None, chunk).backward()
+    one_chunk = chunk * vocab * 4
+    print(f"peak above the inputs: {(tracked.peak - inputs) / one_chunk:.3f} chunks of logits")
+    assert h.grad is not None and one_chunk <= tracked.peak - inputs < 1.1 * one_chunk
