@@ -31,7 +31,7 @@ def bf16_decision() -> tuple[bool, str]:
             spoofed = getattr(props, "gcnArchName", "").split(":")[0]
             # an HSA override changes only gcnArchName: then the driver's arch says what the silicon is
             arch = (real_arch(0) if os.environ.get("HSA_OVERRIDE_GFX_VERSION") else None) or spoofed
-            if torch.cuda.is_bf16_supported():
+            if has_bf16(arch):
                 return True, f"{props.name} ({arch}) has bf16 hardware"
             return False, (f"{props.name} ({arch}) has no bf16 hardware (RDNA1/2); torch.cuda.is_bf16_supported() "
                            "says True on every ROCm device, so the arch decides: fp32")

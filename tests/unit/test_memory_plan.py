@@ -85,6 +85,55 @@ def test_counts_match_the_real_peft_model(tiny_gemma3_dir: Path, tmp_path: Path,
     assert counts.checkpoint_bytes == (tiny_gemma3_dir / "model.safetensors").stat().st_size
 
 
+GPU = Device("gpu", "a GPU", 2**40, 0)
+
+
+@pytest.mark.parametrize("template_tokens", [False, True])
+def test_the_trainable_part_is_16_bytes_per_lora_parameter(tiny_gemma3_dir: Path, tmp_path: Path,
+                                                           template_tokens: bool) -> None:
+    """README: LoRA (and template-token) parameters with gradient and AdamW state, 16 bytes each. The parameters
+    are counted here from the checkpoint's shapes: r x (in + out) for each of q, k, v, o in every layer, and one
+    hidden-wide row for each of the two chat markers."""
+    from transformers import AutoConfig
+
+    cfg = AutoConfig.from_pretrained(tiny_gemma3_dir)
+    hidden, q, kv = cfg.hidden_size, cfg.num_attention_heads * cfg.head_dim, cfg.num_key_value_heads * cfg.head_dim
+    r = 8
+    lora = cfg.num_hidden_layers * r * ((hidden + q) + (hidden + kv) + (hidden + kv) + (q + hidden))
+    trainable = lora + (2 * hidden if template_tokens else 0)
+    config = run_config(lora={"r": r, "train_template_tokens": template_tokens})
+    planner = Planner(config, resolve_model(str(tiny_gemma3_dir), tmp_path), "bf16", GPU)
+    assert planner.parts(2, 64, False)["trainable"] == 16 * trainable
+
+
+def test_a_4_bit_linear_weight_is_priced_at_0_52_bytes(tiny_gemma3_dir: Path, tmp_path: Path) -> None:
+    """README: NF4 (~0.52 bytes per parameter) for model.load_in_4bit: bitsandbytes' 4 bits per weight, an 8-bit
+    absmax per block of 64 and an fp32 constant per 256 absmax (double quantization). Only the decoder layers'
+    linear weights are quantized; everything else stays in the training dtype (bf16 here)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    cfg = AutoConfig.from_pretrained(tiny_gemma3_dir)
+    with torch.device("meta"):
+        linears = sum(m.weight.numel() for m in AutoModelForCausalLM.from_config(cfg).model.layers.modules()
+                      if isinstance(m, torch.nn.Linear))
+    base = resolve_model(str(tiny_gemma3_dir), tmp_path)
+    full = count_model(cfg, base, run_config(), torch.bfloat16)
+    nf4 = count_model(cfg, base, run_config(model={"load_in_4bit": True}), torch.bfloat16)
+    price = (nf4.frozen_bytes - (full.frozen_bytes - 2 * linears)) / linears
+    assert price == pytest.approx(0.5 + 1 / 64 + 4 / (64 * 256), abs=1e-3) and round(price, 2) == 0.52
+
+
+def test_fp16_activations_are_planned_as_fp32(text_checkpoint_of, tmp_path: Path) -> None:
+    """README: fp16 (Gemma 1/2 only) is planned as fp32 activations, an overestimate: on a tiny Gemma 2 the fp16
+    plan's activations (and the backward term drawn from them) equal the fp32 plan's, above the bf16 plan's."""
+    base = resolve_model(str(text_checkpoint_of("gemma2")), tmp_path)
+    config = run_config(train={"precision": "fp16"})
+    fp16, fp32, bf16 = (Planner(config, base, precision, GPU).parts(2, 128, False)
+                        for precision in ("fp16", "fp32", "bf16"))
+    assert fp16["activations"] == fp32["activations"] > bf16["activations"]
+    assert fp16["backward"] == fp32["backward"]
+
+
 @pytest.mark.parametrize(("text", "expected"), [("24GiB", 24 * 2**30), ("24G", 24 * 2**30), ("24 GB", 24 * 2**30),
                                                 ("16000MiB", 16000 * 2**20), ("0.5T", 2**39), ("1048576", 2**20)])
 def test_parse_binary_size(text: str, expected: int) -> None:
