@@ -101,6 +101,12 @@ def test_merged_tokenizer_renders_the_training_format(tiny_run: tuple[Path, str]
         render_conversation(messages, FAMILIES["gemma3"]).text
     config = json.loads((tiny_run[0] / "merged" / "config.json").read_text())
     assert config["model_type"] == "gemma3_text"
+    # the adapter carries the same template, and the merged model's generation stops at <end_of_turn> (106)
+    adapter_tokenizer = AutoTokenizer.from_pretrained(tiny_run[0] / "adapter")
+    assert adapter_tokenizer.apply_chat_template(messages, tokenize=False) == \
+        render_conversation(messages, FAMILIES["gemma3"]).text
+    generation = json.loads((tiny_run[0] / "merged" / "generation_config.json").read_text())
+    assert 106 in generation["eos_token_id"] and tokenizer.convert_ids_to_tokens(106) == "<end_of_turn>"
 
 
 def test_modelfile_points_at_q8_and_stops_at_end_of_turn(tiny_run: tuple[Path, str]) -> None:
@@ -145,6 +151,8 @@ def test_export_verify_reads_back_and_compares_every_gguf(tiny_run: tuple[Path, 
     report = json.loads((run / "gguf" / "verify.json").read_text())
     files = report["files"]
     assert {"f16", "q8_0"} <= set(files) and report["positions"] > 100
+    val = (run / "data" / "val.jsonl").read_text().splitlines()
+    assert report["prompts"] == min(8, len(val)) == 4  # the first 8 val conversations, of the 4 there are
     assert files["f16"]["top1_agreement"] >= 0.99 and files["f16"]["mean_kl"] < 1e-3
     assert files["q8_0"]["mean_kl"] > files["f16"]["mean_kl"]
     for result in files.values():
