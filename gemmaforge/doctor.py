@@ -114,7 +114,7 @@ class Host:
 
     sysfs: Path = Path("/sys")
     dev: Path = Path("/dev")
-    env: Mapping[str, str] = field(default_factory=lambda: os.environ)  # PATH included: where tools are found
+    env: Mapping[str, str] = field(default_factory=lambda: os.environ)  # its PATH: where ollama and llama.cpp are
     rocm: Path = Path("/opt/rocm")
     home: Path = Path.home() / ".cache" / "gemmaforge"
     runs: Path = field(default_factory=Path.cwd)

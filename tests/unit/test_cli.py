@@ -82,12 +82,15 @@ def test_offline_hub_id_is_a_clear_error(tmp_path: Path, capsys: pytest.CaptureF
     assert "the hub could not provide it" in capsys.readouterr().err
 
 
-def test_fp16_on_gemma3_is_refused_with_the_reason(tmp_path: Path, capsys: pytest.CaptureFixture[str],
-                                                    tiny_gemma3_dir: Path) -> None:
-    config = write_config(tmp_path, tiny_gemma3_dir, precision="fp16")
+@pytest.mark.parametrize("family", ["gemma3", "gemma4"])
+def test_fp16_on_gemma3_and_gemma4_is_refused_with_the_reason(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                              text_checkpoint_of, family: str) -> None:
+    """README (Refused before loading): fp16 on Gemma 3/4, with the reason and the precisions to use instead."""
+    config = write_config(tmp_path, text_checkpoint_of(family), precision="fp16")
     assert main(["train", str(config)]) == 2
-    assert "train.precision=fp16: gemma3 activations overflow in fp16" in capsys.readouterr().err
-    assert not (tmp_path / "run" / "adapter").exists()
+    assert f"train.precision=fp16: {family} activations overflow in fp16 (NaN loss); use bf16 or fp32" in \
+        " ".join(capsys.readouterr().err.split())
+    assert not (tmp_path / "run" / "checkpoints").exists() and not (tmp_path / "run" / "adapter").exists()
 
 
 @pytest.mark.parametrize("flags", [["--quant", "q8_0"], ["--output", "x.gguf"], ["--split-max-size", "2G"],

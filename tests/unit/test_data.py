@@ -37,7 +37,9 @@ def prepare(tmp_path: Path, tok, cutoff_len: int = 512, **data: Any) -> tuple[di
 
 
 def test_alpaca_json_array_becomes_messages(tmp_path: Path, tok) -> None:
-    src = write(tmp_path / "d.json", RECORDS)
+    """Also README (data.system): a record's own system prompt is kept; data.system goes to the others."""
+    records = [*RECORDS[:-1], {**RECORDS[-1], "system": "你是咖啡师"}]
+    src = write(tmp_path / "d.json", records)
     stats, train, val = prepare(tmp_path, tok, path=str(src), val_size=0.2, system="你是助手")
     assert (stats["format"], stats["train"], stats["val"]) == ("alpaca (instruction/input/output)", 16, 4)
     by_question = {m[1]["content"]: m for m in train + val}
@@ -46,6 +48,8 @@ def test_alpaca_json_array_becomes_messages(tmp_path: Path, tok) -> None:
         {"role": "user", "content": "问题 3\n背景"},
         {"role": "assistant", "content": "  回答 3\n"},
     ]
+    assert by_question["问题 19"][0] == {"role": "system", "content": "你是咖啡师"}
+    assert [m[0] for m in train + val].count({"role": "system", "content": "你是助手"}) == 19
     written = json.loads((tmp_path / "data" / "stats.json").read_text())
     assert written["records"] == 20 and written["kept"] == 20 and written["tokens"]["max"] < 40
 

@@ -407,6 +407,7 @@ def test_pynvml_beside_a_rocm_torch_warns(tmp_path: Path, monkeypatch, package: 
 @pytest.mark.parametrize(("models_free", "runs_free", "status"), [
     (2 * 2**30 - 1, 100 * 2**30, "fail"),
     (100 * 2**30, 2 * 2**30 - 1, "fail"),
+    (2 * 2**30 - 1, 5 * 2**30, "fail"),  # a later warning does not hide a failure
     (2 * 2**30, 100 * 2**30, "warn"),
     (100 * 2**30, 20 * 2**30 - 1, "warn"),
     (20 * 2**30, 20 * 2**30, "pass"),
@@ -428,3 +429,66 @@ def test_disk_fails_below_2_gib_and_warns_below_20_gib_where_models_or_runs_go(t
     assert check.status == status and (check.fix is None) == (status == "pass")
     assert check.detail == (f"models {models}: {models_free / 2**30:.1f} GiB free; "
                             f"runs {runs}: {runs_free / 2**30:.1f} GiB free")
+
+
+def test_a_cpu_torch_beside_an_nvidia_gpu_fails_with_the_cuda_install_line(tmp_path, monkeypatch) -> None:
+    """README: a CPU torch build beside an NVIDIA GPU (the recorded `nvidia-smi` of one card on PATH) fails the
+    torch check with the CUDA wheel index line; a CUDA build beside it passes."""
+    from gemmaforge.system.gpu_tools import query_gpus
+
+    install_fake_tools(tmp_path / "bin", nvidia_smi=TOOLS / "nvidia_smi_one.csv")
+    monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}:{os.environ['PATH']}")
+    tools = query_gpus()
+    assert [gpu.source for gpu in tools.gpus] == ["nvidia-smi"]
+    host = doc.Host(sysfs=tmp_path, dev=tmp_path, env={}, home=tmp_path, runs=tmp_path)
+    facts = doc.Facts(host, doc.TorchFacts("2.6.0+cpu"), tools, [], (False, "x"), None)
+    check = doc.check_torch(facts)
+    assert check.status == "fail" and check.detail == "torch 2.6.0+cpu, CPU build, but this machine has an NVIDIA GPU"
+    assert check.fix == "pip uninstall -y torch && pip install torch --index-url https://download.pytorch.org/whl/cu128"
+    assert doc.check_torch(replace(facts, torch=cuda_torch())).status == "pass"
+
+
+@pytest.mark.parametrize(("groups", "missing"), [({"render", "video", "users"}, []), ({"video"}, ["render"]),
+                                                 ({"render"}, ["video"]), (set(), ["render", "video"])])
+def test_driver_access_passes_in_the_render_and_video_groups_and_warns_outside(tmp_path, monkeypatch,
+                                                                              groups: set[str],
+                                                                              missing: list[str]) -> None:
+    """README: `driver_access` checks render/video group membership: with /dev/kfd and the render node open, it
+    passes in both groups and warns, naming the missing group(s) and the usermod line, otherwise."""
+    monkeypatch.setattr(doc, "_group_names", lambda: groups)
+    facts = doc.Facts(amd_machine(tmp_path), doc.TorchFacts("2.6.0", "6.4", None), GpuQuery([], []),
+                      kfd_gpus(tmp_path / "sys"), (True, "x"), None)
+    check = doc.check_driver_access(facts)
+    opened = "/dev/kfd and 1 render node(s) open read-write"
+    if missing:
+        assert (check.status, check.detail) == ("warn", f"{opened}, but you are not in group(s) {', '.join(missing)}")
+        assert check.fix.startswith("sudo usermod -a -G render,video $LOGNAME")
+    else:
+        assert (check.status, check.detail, check.fix) == ("pass", opened, None)
+
+
+def test_doctor_gives_a_gpu_tool_5_seconds_and_survives_one_that_hangs(tmp_path, monkeypatch) -> None:
+    """README: output of a tool that hangs (5 s) never crashes doctor: the tools are run with a 5 s timeout (cut
+    short here so the test does not wait), and the reason is in the check's detail."""
+    import subprocess
+
+    from tests.fake_gpu_tools import hanging
+
+    bin_dir = tmp_path / "bin"
+    install_fake_tools(bin_dir, nvidia_smi=hanging(30))
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    timeouts: list[object] = []
+    real_run = subprocess.run
+
+    def run(argv: list[str], *args: object, **kwargs: object) -> subprocess.CompletedProcess:
+        if str(argv[0]).startswith(str(bin_dir)):
+            timeouts.append(kwargs["timeout"])
+            kwargs["timeout"] = 0.5
+        return real_run(argv, *args, **kwargs)
+
+    monkeypatch.setattr(subprocess, "run", run)
+    facts = doc.gather(doc.Host(sysfs=tmp_path, dev=tmp_path, env={}, home=tmp_path, runs=tmp_path))
+    assert timeouts == [5] and facts.tools.gpus == []
+    assert facts.tools.problems == ["nvidia-smi: no answer within 5 s"]
+    check = doc.check_gpu_tools(facts)
+    assert check.status == "skip" and "(unreadable: nvidia-smi: no answer within 5 s)" in check.detail

@@ -217,3 +217,26 @@ def test_slow_step_findings() -> None:
     assert findings[2] == "attention runs on SDPA's slow math kernel"
     clock.waiting = 0.1
     assert troubleshoot.slow_step_findings(clock, 0.1, run_config(), None) == []
+
+
+@pytest.mark.parametrize(("hip", "cuda", "tool", "card"), [("6.4.43482", None, "rocm-smi", "7900 XTX"),
+                                                           (None, "12.6", "nvidia-smi", "RTX 4090"),
+                                                           (None, None, "rocm-smi", "7900 XTX")])
+def test_the_monitor_reads_the_tools_of_this_torch_build(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                         hip: str | None, cuda: str | None, tool: str,
+                                                         card: str) -> None:
+    """README: a ROCm torch reads the AMD tools, a CUDA torch `nvidia-smi`, even with both vendors' tools on PATH
+    (an AMD APU beside an NVIDIA card); the other vendor's tool is never run. A CPU build reads the first that
+    answers."""
+    from gemmaforge.system.monitor import tools_for_this_torch
+
+    bin_dir = tools_on_path(tmp_path, monkeypatch, rocm_smi=TOOLS / "rocm_smi_rx7900xtx.json",
+                            nvidia_smi=TOOLS / "nvidia_smi_one.csv")
+    monkeypatch.setattr(torch.version, "hip", hip)
+    monkeypatch.setattr(torch.version, "cuda", cuda)
+    assert tools_for_this_torch() == (("amd-smi", "rocm-smi") if hip else ("nvidia-smi",) if cuda else
+                                      ("amd-smi", "rocm-smi", "nvidia-smi"))
+    monitor = DeviceMonitor(index=0)
+    monitor.poll()
+    assert monitor.reading is not None and monitor.reading.source == tool and card in monitor.reading.name
+    assert {call[0] for call in read_calls(bin_dir)} == {tool}

@@ -15,8 +15,9 @@ import pytest
 import torch
 
 from gemmaforge.cli import main
+from gemmaforge.runs import RunDir
 from gemmaforge.train.checkpoints import MARKER
-from tests.helpers import write_config
+from tests.helpers import run_config, write_config
 
 
 def manifest_train(run: Path) -> dict:
@@ -68,14 +69,18 @@ def test_sigkill_then_same_command_resumes_from_the_last_complete_checkpoint(tmp
     assert all(torch.allclose(a[k], b[k], rtol=1e-4, atol=1e-6) for k in a), "resumed run differs from a straight run"
 
 
-def test_the_same_command_after_a_finished_training_trains_nothing_more(tmp_path: Path, tiny_gemma3_dir) -> None:
+def test_the_same_command_after_a_finished_training_trains_nothing_more(tmp_path: Path, tiny_gemma3_dir,
+                                                                        capsys: pytest.CaptureFixture[str]) -> None:
     """`gemmaforge run` again after a later stage failed resumes train from its final checkpoint: no step beyond
-    max_steps (the Trainer's loop would take one), the same adapter, the same metrics."""
+    max_steps (the Trainer's loop would take one), the same adapter, the same metrics. README: it says where it
+    resumed."""
     config = write_config(tmp_path, tiny_gemma3_dir, max_steps=2, save_steps=2)
     assert main(["train", str(config)]) == 0
     run = tmp_path / "run"
     first, metrics = adapter_tensors(run), (run / "metrics.jsonl").read_text()
+    assert "resuming from" not in capsys.readouterr().err
     assert main(["train", str(config)]) == 0
+    assert "train: resuming from checkpoint-2 (step 2), the last complete checkpoint" in capsys.readouterr().err
     record = manifest_train(run)
     assert record["steps"] == 2 and record["resumed_from_step"] == 2
     logged = [json.loads(line)["loss"] for line in metrics.splitlines() if "loss" in json.loads(line)]
@@ -131,6 +136,26 @@ def test_impossible_setups_are_refused_before_loading(tmp_path: Path, tiny_gemma
     config = write_config(tmp_path, tiny_gemma3_dir)
     assert main(["train", str(config), *overrides]) == 2
     assert message in capsys.readouterr().err
+    assert not (tmp_path / "run" / "checkpoints").exists()
+
+
+def test_qlora_without_bitsandbytes_is_refused_before_loading(tmp_path: Path, tiny_gemma3_dir,
+                                                              capsys: pytest.CaptureFixture[str],
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """README (Refused before loading): model.load_in_4bit without bitsandbytes, on a machine with a GPU (faked:
+    the GPU check comes first), is refused with the install line and nothing is trained."""
+    import importlib.util
+
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "bitsandbytes" else
+                        find_spec(name, *a))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # and what the run's manifest asks of the GPU:
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "Fake GPU")
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    config = write_config(tmp_path, tiny_gemma3_dir, precision="fp32")  # auto would ask the fake GPU its arch
+    assert main(["train", str(config), "model.load_in_4bit=true"]) == 2
+    assert "model.load_in_4bit (QLoRA) needs bitsandbytes: pip install bitsandbytes (on ROCm, a ROCm build of " \
+        "bitsandbytes for your GPU's arch)" in " ".join(capsys.readouterr().err.split())
     assert not (tmp_path / "run" / "checkpoints").exists()
 
 
@@ -211,3 +236,57 @@ def test_two_cpu_processes_train_what_one_process_trains(tmp_path: Path, tiny_ge
     assert together.keys() == alone.keys()
     for name, tensor in alone.items():
         assert (together[name] - tensor).norm() <= 0.1 * tensor.norm(), name
+
+
+def test_gemma2_trains_with_eager_attention(text_checkpoint_of, tiny_gemma3_dir: Path, tmp_path: Path) -> None:
+    """README: Gemma 2 trains with eager attention (SDPA ignores its attention soft-capping): the model training
+    wraps (build_peft_model, as `train` calls it) runs eager even with packing, which switches Gemma 3's SDPA to
+    the packed per-example attention."""
+    from gemmaforge.families import FAMILIES
+    from gemmaforge.models import load_tokenizer, resolve_model
+    from gemmaforge.train.wrapping import build_peft_model
+
+    assert FAMILIES["gemma2"].attn_implementation == "eager"
+    config = run_config(train={"packing": True})
+    implementations = {}
+    for family, folder in (("gemma2", text_checkpoint_of("gemma2")), ("gemma3", tiny_gemma3_dir)):
+        base = resolve_model(str(folder), tmp_path)
+        assert base.family.name == family
+        model = build_peft_model(config, base, load_tokenizer(base.path), "fp32")
+        implementations[family] = model.get_base_model().config._attn_implementation
+    assert implementations == {"gemma2": "eager", "gemma3": "gemmaforge_packed"}
+
+
+def test_every_training_arguments_name_of_the_train_section_reaches_training_arguments(tmp_path: Path,
+                                                                                      monkeypatch) -> None:
+    """README: the `train` keys named after TrainingArguments are those arguments; each is set here to a value
+    other than its default (warmup_ratio and warmup_steps in two configs) and read back from the arguments
+    `train` builds, without training."""
+    from gemmaforge.train.trainer import checkpointing_arguments, training_arguments
+
+    monkeypatch.setenv("TENSORBOARD_LOGGING_DIR", "unset")  # training_arguments sets it; restored after the test
+    run = RunDir(tmp_path / "run")
+    by_epoch = run_config(train={
+        "num_train_epochs": 2, "per_device_train_batch_size": 3, "gradient_accumulation_steps": 4,
+        "learning_rate": 1e-3, "lr_scheduler_type": "cosine", "warmup_ratio": 0.1, "weight_decay": 0.01,
+        "max_grad_norm": 0.5, "logging_steps": 7, "eval_strategy": "epoch", "save_strategy": "epoch",
+        "save_total_limit": 3, "load_best_model_at_end": True, "metric_for_best_model": "eval_accuracy",
+        "gradient_checkpointing": True, "dataloader_num_workers": 2, "report_to": "tensorboard", "seed": 7})
+    args = training_arguments(by_epoch, run, "fp32", has_val=True)
+    assert (args.num_train_epochs, args.per_device_train_batch_size, args.gradient_accumulation_steps) == (2, 3, 4)
+    assert (args.learning_rate, args.lr_scheduler_type, args.weight_decay, args.max_grad_norm) == \
+        (1e-3, "cosine", 0.01, 0.5)
+    assert args.get_warmup_steps(1000) == 100  # the ratio, of the steps the run will take
+    assert (args.logging_steps, args.eval_strategy, args.save_strategy) == (7, "epoch", "epoch")
+    assert args.save_total_limit == 3
+    assert args.load_best_model_at_end and args.metric_for_best_model == "eval_accuracy" and args.greater_is_better
+    assert getattr(args, next(iter(checkpointing_arguments(True)))) is True
+    assert (args.dataloader_num_workers, args.report_to, args.seed) == (2, ["tensorboard"], 7)
+    assert os.environ["TENSORBOARD_LOGGING_DIR"] == str(run.root / "tensorboard")
+
+    by_steps = run_config(train={"max_steps": 120, "warmup_steps": 7, "warmup_ratio": 0.5, "eval_strategy": "steps",
+                                 "eval_steps": 10, "save_steps": 20})
+    args = training_arguments(by_steps, run, "fp32", has_val=True)
+    assert (args.max_steps, args.eval_steps, args.save_steps) == (120, 10, 20)
+    assert args.get_warmup_steps(1000) == 7  # warmup_steps wins over warmup_ratio
+    assert args.report_to == [] and not args.load_best_model_at_end
