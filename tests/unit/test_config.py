@@ -125,3 +125,26 @@ def test_the_defaults_readme_gives(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("GEMMAFORGE_HOME", "/srv/models")
     assert default_home() == Path("/srv/models")
 
+
+
+def test_with_packing_a_quickstart_row_holds_about_4_5_of_its_examples(gemma3_tokenizer) -> None:
+    """README (the quickstart config): packing into rows of cutoff_len 512 would put ~4.5 of the coffee examples in
+    each row, where the unpacked step has one per row."""
+    import json
+
+    from gemmaforge.data.formats import detect_schema, to_messages
+    from gemmaforge.families import FAMILIES
+    from gemmaforge.templates import encode_for_training
+    from gemmaforge.train.packing import pack_examples
+
+    config = load_config(EXAMPLES / "quickstart.yaml")
+    records = json.loads((EXAMPLES / "data" / "coffee_qa.json").read_text(encoding="utf-8"))
+    schema = detect_schema(records[0], "coffee_qa.json")
+    examples = []
+    for record in records:
+        ids, labels = encode_for_training(to_messages(record, schema, "coffee_qa.json"), gemma3_tokenizer,
+                                          FAMILIES["gemma3"], config.train.cutoff_len)
+        examples.append({"input_ids": ids, "labels": labels})
+    rows = pack_examples(examples, config.train.cutoff_len)
+    assert config.train.cutoff_len == 512 and not config.train.packing
+    assert len(examples) / len(rows) == pytest.approx(4.5, abs=0.05)
