@@ -281,6 +281,12 @@ class RunConfig(Section):
     eval: EvalConfig = Field(default_factory=EvalConfig)
     export: ExportConfig = Field(default_factory=ExportConfig)
 
+    @property
+    def deployed_system(self) -> str | None:
+        """The system prompt the deployed model is given: the export's own, else the one it trained with. The
+        Modelfile, `serve` and `eval` all use it."""
+        return self.export.ollama.system or self.data.system
+
 
 # ---------------------------------------------------------------------------- loading
 

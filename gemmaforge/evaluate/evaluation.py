@@ -36,6 +36,7 @@ from gemmaforge.evaluate.scoring import (
 )
 from gemmaforge.evaluate.suite import Case, load_suite, val_sample_suite
 from gemmaforge.export.gguf_shards import exports_in, gguf_parts
+from gemmaforge.export.ollama import deployed_quant
 from gemmaforge.families import Family
 from gemmaforge.models import ResolvedModel, fast_last_position_logits, load_causal_lm, load_tokenizer
 from gemmaforge.runs import RunDir
@@ -59,11 +60,11 @@ def evaluate(run: RunDir, config: RunConfig, base: ResolvedModel) -> dict[str, A
     ec = config.eval
     adapter = run.require(run.adapter_dir / "adapter_config.json", "train").parent
     val = read_prepared(run.require(run.data_dir / "val.jsonl", "data"))
-    system = config.export.ollama.system or config.data.system  # what the deployed model is given
+    system = config.deployed_system
     cases, source = suite_cases(ec, val, system)
     if ec.fail_under is not None and not any(case.checks for case in cases):
         raise UserError(f"eval.fail_under={ec.fail_under} needs a suite with checks; {source} has none")
-    gguf = deployed_gguf(run, ec) if ec.engine == "llamacpp" else None
+    gguf = deployed_gguf(run, config) if ec.engine == "llamacpp" else None
     family = base.family
     tokenizer = load_tokenizer(adapter)
     model = PeftModel.from_pretrained(fast_last_position_logits(load_causal_lm(base.path, base.spec, torch.float32)),
@@ -132,15 +133,16 @@ def suite_cases(ec: EvalConfig, val: list[list[dict[str, str]]], system: str | N
     return cases, f"val sample ({len(cases)} of {len(val)} conversations)"
 
 
-def deployed_gguf(run: RunDir, ec: EvalConfig) -> Path:
-    """The file llama.cpp opens (the first shard of a split export)."""
+def deployed_gguf(run: RunDir, config: RunConfig) -> Path:
+    """The file llama.cpp opens (the first shard of a split export): eval.gguf, else the deployed one."""
+    ec = config.eval
     if ec.gguf:
         parts = gguf_parts(run.gguf_path(ec.gguf))
         return parts[0] if parts else run.require(run.gguf_path(ec.gguf), "export gguf")
     found = exports_in(run.gguf_dir, "model-")
     if not found:
         raise UserError(f"{run.gguf_dir} has no model-<quant>.gguf: run `gemmaforge export gguf {run.root}` first")
-    return next(iter(found.values()))[0]
+    return found[deployed_quant(run, config)][0]
 
 
 def _encode(val: list[list[dict[str, str]]], tokenizer: Any, family: Family, config: RunConfig) -> list[dict]:

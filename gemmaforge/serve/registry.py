@@ -126,7 +126,7 @@ class Registry:
 
     def _add_run(self, root: Path, engine: str, name: str | None, adapter_dir: Path | None = None) -> Served:
         from gemmaforge.export.gguf_shards import exports_in
-        from gemmaforge.export.ollama import ollama_model_name
+        from gemmaforge.export.ollama import deployed_quant, ollama_model_name
         from gemmaforge.runs import RunDir
 
         run = RunDir.open(root)
@@ -134,12 +134,12 @@ class Registry:
         name = self._free(check_name(name or ollama_model_name(config)))
         o = config.export.ollama
         options = {"temperature": o.temperature, "top_p": o.top_p, "top_k": o.top_k, "num_ctx": o.num_ctx}
-        system = o.system or config.data.system
+        system = config.deployed_system
         if engine == "llamacpp":
             files = exports_in(run.gguf_dir, "model-")
             if not files:
                 raise UserError(f"{run.gguf_dir} has no model-<quant>.gguf: run `gemmaforge export gguf {root}` first")
-            parts = files.get("q8_0") or next(iter(files.values()))
+            parts = files[deployed_quant(run, config)]
             served = self._add_gguf(parts[0], name, source=root)
             served.system, served.options = system, options
             return served

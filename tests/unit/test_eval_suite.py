@@ -164,3 +164,24 @@ def test_answer_summary_counts_what_each_answer_did() -> None:
     assert (got["bleu"], got["rouge_l"]) == (reference_scores(["水温 九十"], ["水温 九十 度"]).bleu,
                                              reference_scores(["水温 九十"], ["水温 九十 度"]).rouge_l)
     assert 0 < got["rouge_l"] < 1
+
+
+def test_cases_without_a_system_prompt_get_the_deployed_one(tmp_path: Path) -> None:
+    """README (eval): a case's system defaults to the system prompt the model is deployed with: the export's own
+    (export.ollama.system), else the one it trained with (data.system), as the Modelfile and serve give it."""
+    from gemmaforge.config import RunConfig
+    from gemmaforge.evaluate.evaluation import suite_cases
+
+    suite = tmp_path / "suite.yaml"
+    suite.write_text("cases:\n  - prompt: a\n  - prompt: b\n    system: own\n", encoding="utf-8")
+    trained = RunConfig(output_dir="x", data={"path": "d.json", "system": "trained"}, eval={"suite": str(suite)})
+    exported = trained.model_copy(update={"export": trained.export.model_copy(
+        update={"ollama": trained.export.ollama.model_copy(update={"system": "exported"})})})
+    untold = RunConfig(output_dir="x", data={"path": "d.json"}, eval={"suite": str(suite)})
+    for config, deployed in ((trained, "trained"), (exported, "exported"), (untold, None)):
+        assert config.deployed_system == deployed
+        cases, _ = suite_cases(config.eval, [], config.deployed_system)
+        assert [c.messages for c in cases] == [
+            [*([{"role": "system", "content": deployed}] if deployed else []), {"role": "user", "content": "a"}],
+            [{"role": "system", "content": "own"}, {"role": "user", "content": "b"}],
+        ]

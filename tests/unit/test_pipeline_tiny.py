@@ -142,6 +142,7 @@ def test_stages_run_alone_on_the_run_dir(tiny_run: tuple[Path, str]) -> None:
     assert (run / "ollama" / "Modelfile").is_file()
     assert main(["export", "gguf", str(run), "--quant", "f32"]) == 0
     assert (run / "gguf" / "model-f32.gguf").stat().st_size > (run / "gguf" / "model-f16.gguf").stat().st_size
+    (run / "gguf" / "model-f32.gguf").unlink()  # the module's later verify runs read each file back: keep two
 
 
 def test_export_verify_reads_back_and_compares_every_gguf(tiny_run: tuple[Path, str]) -> None:
@@ -264,3 +265,64 @@ def test_merge_of_a_qlora_run_reloads_the_base_in_full_precision(tiny_run: tuple
     reference = load_file(tiny_run[0] / "merged" / "model.safetensors")
     assert merged.keys() == reference.keys() and all(torch.equal(merged[k], reference[k]) for k in reference)
     assert "quantization_config" not in json.loads((run / "merged" / "config.json").read_text())
+
+
+def test_export_ollama_create_runs_ollama_create_beside_the_modelfile(tmp_path: Path, tiny_gemma3_dir: Path,
+                                                                      monkeypatch, capsys) -> None:
+    """`--create` runs `ollama create NAME -f Modelfile` in the Modelfile's folder (a recording `ollama` on PATH);
+    its failure is the stage's (exit 1), and without `ollama` the command says what to run (exit 2)."""
+    from gemmaforge.runs import RunDir
+
+    run = RunDir.create(load_config(write_config(tmp_path, tiny_gemma3_dir))).root
+    (run / "gguf").mkdir()
+    (run / "gguf" / "model-q8_0.gguf").write_bytes(b"GGUF")
+    bin_dir, calls = tmp_path / "bin", tmp_path / "calls.txt"
+    bin_dir.mkdir()
+    (bin_dir / "ollama").write_text(f'#!/bin/sh\necho "$PWD $*" >> {calls}\nexit "${{OLLAMA_EXIT:-0}}"\n')
+    (bin_dir / "ollama").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    assert main(["export", "ollama", str(run), "--create"]) == 0
+    modelfile = run / "ollama" / "Modelfile"
+    assert calls.read_text() == f"{run / 'ollama'} create tiny-coffee -f {modelfile}\n"
+    monkeypatch.setenv("OLLAMA_EXIT", "3")
+    assert main(["export", "ollama", str(run), "--create"]) == 1
+    assert "`ollama create tiny-coffee` failed with exit code 3" in capsys.readouterr().err
+    monkeypatch.setenv("PATH", str(tmp_path / "nothing"))
+    assert main(["export", "ollama", str(run), "--create"]) == 2
+    assert "--create needs the `ollama` command on PATH" in " ".join(capsys.readouterr().err.split())
+
+
+def test_the_modelfile_serve_and_eval_deploy_the_same_gguf(tmp_path: Path) -> None:
+    """One rule (README: Modelfile, `serve --engine llamacpp`, `eval --engine llamacpp`): q8_0 when written, else
+    the first of export.gguf that was written, else the first written; eval.gguf overrides it for eval, and a
+    split export is opened at its first shard."""
+    from gemmaforge.errors import UserError
+    from gemmaforge.evaluate.evaluation import deployed_gguf
+    from gemmaforge.export.ollama import deployed_quant
+    from gemmaforge.runs import RunDir
+
+    run = RunDir.create(load_config(write_config(tmp_path, "unused")))
+    run.gguf_dir.mkdir()
+
+    def written(*names: str, quants: list[str] | None = None) -> str:
+        for old in run.gguf_dir.iterdir():
+            old.unlink()
+        for name in names:
+            (run.gguf_dir / name).write_bytes(b"GGUF")
+        config = run.config()
+        if quants is not None:
+            config.export.gguf = quants
+        return deployed_quant(run, config)
+
+    assert written("model-f16.gguf", "model-q8_0.gguf") == "q8_0"
+    assert written("model-f16.gguf") == "f16"
+    assert written("model-f16.gguf", "model-q4_k_m.gguf", quants=["q4_k_m", "f16"]) == "q4_k_m"
+    assert written("model-bf16.gguf") == "bf16"  # written by `export gguf --quant bf16` alone
+    assert written(quants=["f16"]) == "f16"  # none yet: the caller names the missing file
+    with pytest.raises(UserError, match="export.gguf is empty and no model GGUF was written"):
+        written(quants=[])
+    written("model-f16.gguf", "model-q8_0-00001-of-00002.gguf", "model-q8_0-00002-of-00002.gguf")
+    config = run.config()
+    assert deployed_gguf(run, config) == run.gguf_dir / "model-q8_0-00001-of-00002.gguf"
+    config.eval.engine, config.eval.gguf = "llamacpp", "f16"
+    assert deployed_gguf(run, config) == run.gguf_dir / "model-f16.gguf"
