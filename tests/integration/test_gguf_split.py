@@ -122,3 +122,27 @@ def test_sizes_are_read_as_llama_cpp_reads_them(text: str, size: int) -> None:
 def test_a_bad_size_is_a_clear_error(text: str) -> None:
     with pytest.raises(UserError, match=f"split size {text!r}: expected a positive size such as 2G, 500M"):
         parse_decimal_size(text)
+
+
+def test_shards_appear_first_shard_last(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """README: a reader that finds the first shard finds the whole set, because the first shard is renamed into
+    place last; the earlier whole file of that name goes once the set is there."""
+    import os
+
+    from gemmaforge.export import gguf_shards
+
+    out = tmp_path / "model-q8_0.gguf"
+    out.write_bytes(b"old whole file")
+    renamed: list[str] = []
+
+    def replace(src: Path, dst: Path) -> None:
+        renamed.append(Path(dst).name)
+        assert out.exists(), "the earlier export stays until the new set is complete"
+        os.rename(src, dst)
+
+    monkeypatch.setattr(gguf_shards.os, "replace", replace)
+    with gguf_shards.staged_output(out) as staged:
+        for n in (1, 2, 3):
+            staged.with_name(f"model-q8_0-0000{n}-of-00003.gguf").write_bytes(b"shard")
+    assert renamed == [f"model-q8_0-0000{n}-of-00003.gguf" for n in (3, 2, 1)]
+    assert sorted(p.name for p in tmp_path.iterdir()) == renamed[::-1]  # the old whole file and staging are gone

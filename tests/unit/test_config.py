@@ -148,3 +148,24 @@ def test_with_packing_a_quickstart_row_holds_about_4_5_of_its_examples(gemma3_to
     rows = pack_examples(examples, config.train.cutoff_len)
     assert config.train.cutoff_len == 512 and not config.train.packing
     assert len(examples) / len(rows) == pytest.approx(4.5, abs=0.05)
+
+
+def test_train_and_lora_keys_are_training_arguments_and_lora_config_names_but_the_documented_extras() -> None:
+    """README (Configuration): the `train` and `lora` keys are transformers' TrainingArguments and PEFT's LoraConfig
+    names, plus the extras it lists; warmup_ratio is LLaMA-Factory's (transformers 5 reads a float warmup_steps)."""
+    import dataclasses
+
+    from peft import LoraConfig
+    from transformers import TrainingArguments
+
+    from gemmaforge.config import LoraSection, TrainConfig
+
+    readme = (EXAMPLES.parent / "README.md").read_text(encoding="utf-8")
+    section = readme.split("## Configuration")[1].split("\n## ")[0]
+    train_extras = set(TrainConfig.model_fields) - {f.name for f in dataclasses.fields(TrainingArguments)}
+    lora_extras = set(LoraSection.model_fields) - {f.name for f in dataclasses.fields(LoraConfig)}
+    assert train_extras == {"cutoff_len", "packing", "logits_chunk_size", "early_stopping_patience", "precision",
+                            "check_memory", "warmup_ratio"}
+    assert lora_extras == {"train_template_tokens"}
+    documented = [f"`{key}`" in section or f"`train.{key}`" in section for key in train_extras]
+    assert all(documented) and "`lora.train_template_tokens`" in section

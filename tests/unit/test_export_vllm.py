@@ -45,6 +45,33 @@ def test_adapter_command_names_base_adapter_and_the_rank_vllm_admits(trained: Pa
     assert command[-1] == f"tiny-coffee={(trained / 'adapter').resolve()}" and "--enable-lora" in command
 
 
+def test_max_model_len_follows_the_modelfile_context_and_a_hub_base_is_named_as_given(trained: Path,
+                                                                                     tiny_gemma3_dir: Path) -> None:
+    """README (export vllm): `--max-model-len` is export.ollama.num_ctx; a hub-id base goes into serve.sh as given
+    (vLLM downloads it), a local or embedded base as its folder."""
+    import yaml
+
+    from gemmaforge.models import ResolvedModel
+    from gemmaforge.pipeline import base_reference_for_serving
+
+    run_yaml = trained / "run.yaml"
+    original = run_yaml.read_text(encoding="utf-8")
+    config = yaml.safe_load(original)
+    config["export"]["ollama"]["num_ctx"] = 2048
+    run_yaml.write_text(yaml.safe_dump(config, allow_unicode=True), encoding="utf-8")
+    try:
+        assert main(["export", "vllm", str(trained), "--adapter"]) == 0
+    finally:
+        run_yaml.write_text(original, encoding="utf-8")  # the module's other tests see the run as trained
+    command = script_command(trained)
+    assert command[command.index("--max-model-len") + 1] == "2048"
+    spec = None  # not read by base_reference_for_serving
+    hub = ResolvedModel("google/gemma-3-1b-it", tiny_gemma3_dir, "abc", spec)
+    local = ResolvedModel(str(tiny_gemma3_dir), tiny_gemma3_dir, "abc", spec)
+    assert base_reference_for_serving(hub) == "google/gemma-3-1b-it"
+    assert base_reference_for_serving(local) == str(tiny_gemma3_dir.resolve())
+
+
 @pytest.mark.parametrize(
     ("config", "expected"),
     [

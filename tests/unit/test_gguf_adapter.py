@@ -61,6 +61,8 @@ def test_llama_cpp_with_the_adapter_gguf_computes_the_merged_model(tmp_path: Pat
         ({"use_dora": True}, "is a DoRA adapter, which llama.cpp cannot apply as an adapter"),
         ({"modules_to_save": ["lm_head"]}, "trains whole modules (lm_head)"),
         ({"trainable_token_indices": [105, 106]}, "or train with lora.train_template_tokens: false"),
+        ({"target_parameters": ["experts.gate_up_proj", "experts.down_proj"]},
+         "adapts expert weights (experts.gate_up_proj, experts.down_proj)"),
     ],
 )
 def test_adapters_without_a_gguf_form_are_refused(tmp_path: Path, tiny_gemma3_dir: Path, change: dict,

@@ -23,6 +23,7 @@ from gemmaforge.export.quantize import K_QUANTS
 ARCH = "gemma3"
 N_VOCAB = 262144
 TEMPLATE = "{{ bos_token }}{% for m in messages %}{{ m['content'] }}{% endfor %}"
+FOLDER_TEMPLATE = "{% for m in messages %}[{{ m['role'] }}] {{ m['content'] }}{% endfor %}"
 
 # HF module inside model.layers.N -> GGUF tensor (spelled from gguf's constants, not its HF map)
 LAYER_TENSORS = {
@@ -88,6 +89,13 @@ def with_tied_lm_head(model_dir: Path, target: Path) -> Path:
     return target
 
 
+def with_own_chat_template(model_dir: Path, target: Path) -> Path:
+    """A copy with its own chat template in chat_template.jinja (where transformers saves it)."""
+    shutil.copytree(model_dir, target)
+    (target / "chat_template.jinja").write_text(FOLDER_TEMPLATE, encoding="utf-8")
+    return target
+
+
 @pytest.fixture(scope="module")
 def written(tiny_gemma3_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, gguf.GGUFReader]:
     """One file per quant (reading back a 262k vocabulary takes a while: each is read once)."""
@@ -96,7 +104,7 @@ def written(tiny_gemma3_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> 
         "f32": tiny_gemma3_dir,
         "f16": tiny_gemma3_dir,
         "q8_0": with_tied_lm_head(tiny_gemma3_dir, out / "with-lm-head"),
-        "q4_0": tiny_gemma3_dir,
+        "q4_0": with_own_chat_template(tiny_gemma3_dir, out / "with-template"),
     }
     readers = {}
     for quant, model_dir in sources.items():
@@ -239,6 +247,12 @@ def test_vocabulary_metadata(written):
 
 def test_chat_template_argument_is_written(written):
     assert field(written["f16"], Keys.Tokenizer.CHAT_TEMPLATE) == TEMPLATE
+
+
+def test_a_folders_own_chat_template_goes_into_its_gguf(written):
+    """README (export gguf PATH): a checkpoint folder's own template is kept; a folder without one writes none."""
+    assert field(written["q4_0"], Keys.Tokenizer.CHAT_TEMPLATE) == FOLDER_TEMPLATE
+    assert Keys.Tokenizer.CHAT_TEMPLATE not in written["f32"].fields
 
 
 def test_tokenizer_model_gives_the_same_vocabulary(tiny_gemma3_dir, tmp_path):

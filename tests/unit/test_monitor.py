@@ -219,6 +219,27 @@ def test_slow_step_findings() -> None:
     assert troubleshoot.slow_step_findings(clock, 0.1, run_config(), None) == []
 
 
+@pytest.mark.parametrize(("hip", "fix"), [("6.4.43482", "TORCH_ROCM_AOTRITON_ENABLE_EXPERIMENTAL=1"),
+                                         (None, "a newer torch build may have a kernel for this GPU")])
+def test_a_gpu_without_a_fused_attention_kernel_is_a_finding(monkeypatch: pytest.MonkeyPatch, hip: str | None,
+                                                             fix: str) -> None:
+    """README (train): the SDPA math-kernel fallback is detected on a GPU (the probe's answer faked here) and
+    becomes a slow-step finding with the fix for this torch build; with a fused kernel, or no GPU, none."""
+    import torch
+
+    from gemmaforge.system import sdpa_probe
+
+    assert sdpa_probe.attention_finding(256, torch.bfloat16) is None  # this machine: no GPU
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.version, "hip", hip)
+    monkeypatch.setattr(sdpa_probe, "fused_attention_backend", lambda *a: (None, "flash_attention: No kernel"))
+    finding = sdpa_probe.attention_finding(256, torch.bfloat16)
+    assert finding.startswith("attention runs on SDPA's slow math kernel at head_dim 256 (flash_attention: No kernel)")
+    assert fix in finding
+    monkeypatch.setattr(sdpa_probe, "fused_attention_backend", lambda *a: ("flash_attention", ""))
+    assert sdpa_probe.attention_finding(256, torch.bfloat16) is None
+
+
 @pytest.mark.parametrize(("hip", "cuda", "tool", "card"), [("6.4.43482", None, "rocm-smi", "7900 XTX"),
                                                            (None, "12.6", "nvidia-smi", "RTX 4090"),
                                                            (None, None, "rocm-smi", "7900 XTX")])

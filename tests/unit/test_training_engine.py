@@ -159,6 +159,22 @@ def test_qlora_without_bitsandbytes_is_refused_before_loading(tmp_path: Path, ti
     assert not (tmp_path / "run" / "checkpoints").exists()
 
 
+def test_tensorboard_without_the_package_is_refused_before_loading(tmp_path: Path, tiny_gemma3_dir,
+                                                                   capsys: pytest.CaptureFixture[str],
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """README: `report_to: tensorboard` writes RUN_DIR/tensorboard, and needs the package: without it the run is
+    refused with the install line before anything loads."""
+    import importlib.util
+
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "tensorboard" else
+                        find_spec(name, *a))
+    assert main(["train", str(write_config(tmp_path, tiny_gemma3_dir)), "train.report_to=tensorboard"]) == 2
+    assert "train.report_to=tensorboard needs the tensorboard package: pip install tensorboard" in \
+        capsys.readouterr().err
+    assert not (tmp_path / "run" / "checkpoints").exists()
+
+
 def gemma4_losses(checkpointing: bool, steps: int = 30) -> list[float]:
     from peft import LoraConfig, get_peft_model
     from transformers import Gemma4ForCausalLM, Gemma4TextConfig
