@@ -12,11 +12,11 @@ import tarfile
 from importlib import metadata
 from pathlib import Path
 
-import gguf
 import numpy as np
 import pytest
 
 from gemmaforge.export.gguf import write_gguf
+from gemmaforge.gguf_file import GGUFFile, read_gguf
 
 
 def fetch_converter(out: Path) -> Path:
@@ -36,31 +36,34 @@ def fetch_converter(out: Path) -> Path:
         pytest.skip(reason)
     (archive,) = out.glob("*.tar.gz")
     root = f"llama_cpp_python-{version}/vendor/llama.cpp/"
-    wanted = (root + "convert_hf_to_gguf.py", root + "conversion/", root + "gguf-py/")
+    wanted = (root + "convert_hf_to_gguf.py", root + "convert_lora_to_gguf.py", root + "conversion/", root + "gguf-py/")
     with tarfile.open(archive) as tar:
         members = [m for m in tar.getmembers() if m.name.startswith(wanted)]
         tar.extractall(out, members=members, filter="data")
     return out / root
 
 
+def run_converter(converter: Path, script: str, *args: str) -> None:
+    """One of llama.cpp's converter scripts, with its own gguf-py (not the installed gguf package)."""
+    proc = subprocess.run([sys.executable, script, *args], cwd=converter, capture_output=True, text=True,
+                          env={"PYTHONPATH": str(converter / "gguf-py"), "PATH": "/usr/bin:/bin"})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+
+
 def convert_both(converter: Path, checkpoint: Path, tmp_path: Path, ours: Path | None = None,
-                 outtype: str = "f16") -> tuple[gguf.GGUFReader, gguf.GGUFReader]:
+                 outtype: str = "f16") -> tuple[GGUFFile, GGUFFile]:
     """(our file, or `ours` when already written; the converter's) for `checkpoint` in `outtype`."""
     reference = tmp_path / f"reference-{outtype}.gguf"
-    proc = subprocess.run(
-        [sys.executable, "convert_hf_to_gguf.py", str(checkpoint), "--outtype", outtype, "--outfile", str(reference)],
-        cwd=converter, env={"PYTHONPATH": str(converter / "gguf-py"), "PATH": "/usr/bin:/bin"},
-        capture_output=True, text=True,
-    )
-    assert proc.returncode == 0, proc.stderr[-2000:]
+    run_converter(converter, "convert_hf_to_gguf.py", str(checkpoint), "--outtype", outtype,
+                  "--outfile", str(reference))
     ours = ours or write_gguf(checkpoint, tmp_path / f"ours-{outtype}.gguf", outtype)
-    return gguf.GGUFReader(ours), gguf.GGUFReader(reference)
+    return read_gguf(ours), read_gguf(reference)
 
 
-def assert_same_file(ours: gguf.GGUFReader, theirs: gguf.GGUFReader, arch: str, allowed: set[str]) -> None:
+def assert_same_file(ours: GGUFFile, theirs: GGUFFile, arch: str, allowed: set[str]) -> None:
     keys = set(ours.fields) | set(theirs.fields)
     differing = {k for k in keys if k not in ours.fields or k not in theirs.fields
-                 or ours.fields[k].contents() != theirs.fields[k].contents()}
+                 or ours.fields[k].value != theirs.fields[k].value}
     assert differing <= allowed, sorted(differing - allowed)
     assert any(k.startswith(f"{arch}.") for k in set(ours.fields) - differing)  # the hyperparameters were compared
     ours_tensors = {t.name: t for t in ours.tensors}

@@ -13,6 +13,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from gemmaforge.gguf_file import read_gguf
+
 SPIECE_SPACE = "\u2581"
 # sentencepiece_model.proto ModelProto.SentencePiece.Type, the numbering gguf.TokenType shares
 NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6
@@ -30,14 +32,13 @@ def add_google_tokenizer_files(checkpoint: Path, gguf_file: Path) -> None:
 
 
 def write_tokenizer_model(gguf_file: Path, target: Path) -> Path:
-    import gguf
     from sentencepiece import sentencepiece_model_pb2
 
-    reader = gguf.GGUFReader(gguf_file)
-    tokens = reader.fields["tokenizer.ggml.tokens"].contents()
-    scores = reader.fields["tokenizer.ggml.scores"].contents()
-    kinds = reader.fields["tokenizer.ggml.token_type"].contents()
-    unk = reader.fields["tokenizer.ggml.unknown_token_id"].contents()
+    reader = read_gguf(gguf_file)
+    tokens = reader.fields["tokenizer.ggml.tokens"].value
+    scores = reader.fields["tokenizer.ggml.scores"].value
+    kinds = reader.fields["tokenizer.ggml.token_type"].value
+    unk = reader.fields["tokenizer.ggml.unknown_token_id"].value
     proto = sentencepiece_model_pb2.ModelProto()
     for i, (piece, score, kind) in enumerate(zip(tokens, scores, kinds)):
         if kind == USER_DEFINED:

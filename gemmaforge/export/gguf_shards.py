@@ -121,14 +121,14 @@ def split_gguf_file(source: Path, out_path: Path, split: Split) -> list[Path]:
     import gguf
     import numpy as np
 
-    reader = gguf.GGUFReader(source)
-    arch = reader.fields[gguf.Keys.General.ARCHITECTURE].contents()
+    from gemmaforge.gguf_file import read_gguf
+
+    reader = read_gguf(source)
+    arch = reader.value(gguf.Keys.General.ARCHITECTURE)
     with gguf_file(out_path, arch, split) as writer:
-        for field in reader.fields.values():
-            if field.name.startswith("GGUF.") or field.name == gguf.Keys.General.ARCHITECTURE:
-                continue  # the header's own counts, and the key the writer adds itself
-            sub_type = field.types[-1] if field.types[0] == gguf.GGUFValueType.ARRAY else None
-            writer.add_key_value(field.name, field.contents(), field.types[0], sub_type)
+        for key, field in reader.fields.items():
+            if key != gguf.Keys.General.ARCHITECTURE:  # the writer adds that one itself
+                writer.add_key_value(key, field.value, field.type, field.item_type)
         for t in reader.tensors:  # reader shapes are GGUF order (columns first); the writer takes numpy order
             shape = tuple(int(d) for d in reversed(t.shape))
             writer.add_tensor_info(t.name, shape, np.dtype(np.float32), t.n_bytes, raw_dtype=t.tensor_type)

@@ -249,10 +249,10 @@ def _adapter_base(adapter_dir: Path) -> str | None:
 
 
 def _gguf_family(path: Path) -> Family:
-    import gguf
+    from gemmaforge.gguf_file import read_gguf
 
     try:
-        arch = gguf.GGUFReader(path).fields[gguf.Keys.General.ARCHITECTURE].contents()
+        arch = read_gguf(path).value("general.architecture")
     except (ValueError, KeyError, OSError) as e:
         raise UserError(f"{path}: not a readable GGUF file ({e})") from None
     family = next((f for f in FAMILIES.values() if f.gguf_arch == arch), None)

@@ -14,6 +14,7 @@ import torch
 from safetensors import safe_open
 
 from gemmaforge.cli import main
+from gemmaforge.gguf_file import read_gguf
 from gemmaforge.model_spec import read_spec, text_weight_name
 from tests.checkpoint_kinds import unified_image_inputs
 from tests.helpers import reference_answer, write_config
@@ -139,11 +140,9 @@ def test_llama_cpp_computes_what_the_merged_model_computes(trained) -> None:
     assert (run / "gguf" / "mmproj-f16.gguf").is_file()
     assert json.loads((run / "manifest.json").read_text())["stages"]["export_gguf"]["status"] == "done"
     if kind == "gemma4-unified":  # the merged generation_config.json keeps suppress_tokens, and the text file has them
-        import gguf
-
         assert json.loads((merged / "generation_config.json").read_text())["suppress_tokens"] == [258883, 258882]
-        suppress = gguf.GGUFReader(run / "gguf" / "model-f16.gguf").fields["tokenizer.ggml.suppress_tokens"]
-        assert suppress.contents() == [258883, 258882]
+        suppress = read_gguf(run / "gguf" / "model-f16.gguf").fields["tokenizer.ggml.suppress_tokens"]
+        assert suppress.value == [258883, 258882]
 
 
 def test_serve_answers_from_the_run_and_its_gguf(trained) -> None:
@@ -180,12 +179,10 @@ def test_export_gguf_of_a_multimodal_folder_writes_text_and_projector(checkpoint
 
 def test_moe_goes_through_the_k_quantizer(text_gguf_of, tmp_path: Path) -> None:
     """26B-A4B's experts through llama.cpp's own quantizer (q4_k_m), the router kept exact, the file loaded."""
-    import gguf
-
     from gemmaforge.export.quantize import llama_cpp_quantize
 
     quantized = llama_cpp_quantize(text_gguf_of("gemma4-moe"), tmp_path / "model-q4_k_m.gguf", "q4_k_m")
-    types = {t.name: t.tensor_type.name for t in gguf.GGUFReader(quantized).tensors}
+    types = {t.name: t.tensor_type.name for t in read_gguf(quantized).tensors}
     assert types["blk.0.ffn_gate_inp.weight"] == "F32"  # the router stays exact, as llama.cpp keeps it
     assert len(greedy(load(quantized), [2, 9413, 563, 1694, 5192], 4)) == 4
 

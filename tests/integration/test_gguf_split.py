@@ -13,6 +13,7 @@ from gemmaforge.errors import UserError
 from gemmaforge.export import gguf as gguf_export
 from gemmaforge.export.gguf import write_gguf
 from gemmaforge.export.gguf_shards import exports_in, gguf_parts
+from gemmaforge.gguf_file import read_gguf
 from gemmaforge.units import parse_decimal_size
 
 pytestmark = pytest.mark.integration
@@ -29,8 +30,8 @@ def logits(path: Path) -> np.ndarray:
 
 
 def split_keys(path: Path) -> tuple[int, int, int]:
-    reader = gguf.GGUFReader(path)
-    return tuple(int(reader.fields[k].contents()) for k in (gguf.Keys.Split.LLM_KV_SPLIT_NO,
+    reader = read_gguf(path)
+    return tuple(int(reader.fields[k].value) for k in (gguf.Keys.Split.LLM_KV_SPLIT_NO,
                  gguf.Keys.Split.LLM_KV_SPLIT_COUNT, gguf.Keys.Split.LLM_KV_SPLIT_TENSORS_COUNT))
 
 
@@ -44,11 +45,11 @@ def test_llama_cpp_loads_the_shards_and_computes_what_the_whole_file_does(tiny_g
     assert [p.name for p in parts] == [f"model-{quant}-0000{i}-of-00003.gguf" for i in (1, 2, 3)]
     assert first == parts[0] and sorted(p.name for p in (tmp_path / "split").iterdir()) == [p.name for p in parts]
     assert [split_keys(p) for p in parts] == [(0, 3, N_TENSORS), (1, 3, N_TENSORS), (2, 3, N_TENSORS)]
-    readers = [gguf.GGUFReader(p) for p in parts]
+    readers = [read_gguf(p) for p in parts]
     assert [len(r.tensors) for r in readers] == [10, 10, 8]
     assert gguf.Keys.Tokenizer.LIST in readers[0].fields and gguf.Keys.Tokenizer.LIST not in readers[1].fields
     tensors = {t.name: np.asarray(t.data) for r in readers for t in r.tensors}  # every tensor byte for byte
-    assert all(np.array_equal(tensors[t.name], np.asarray(t.data)) for t in gguf.GGUFReader(whole).tensors)
+    assert all(np.array_equal(tensors[t.name], np.asarray(t.data)) for t in read_gguf(whole).tensors)
     assert np.array_equal(logits(first), logits(whole))
 
 
@@ -57,7 +58,7 @@ def test_split_by_size_keeps_every_shard_under_the_limit(tiny_gemma3_dir: Path, 
     first = write_gguf(tiny_gemma3_dir, tmp_path / "m.gguf", "f16", split=Split(max_bytes=100_000))
     parts = gguf_parts(tmp_path / "m.gguf")
     assert len(parts) >= 3 and first == parts[0]
-    data_bytes = [sum(t.n_bytes for t in gguf.GGUFReader(p).tensors) for p in parts]
+    data_bytes = [sum(t.n_bytes for t in read_gguf(p).tensors) for p in parts]
     assert all(b <= 100_000 or b == embedding for b in data_bytes)
     assert len(llama_cpp.Llama(model_path=str(first), n_ctx=32, verbose=False).tokenize(b"hi")) > 0
 
@@ -65,7 +66,7 @@ def test_split_by_size_keeps_every_shard_under_the_limit(tiny_gemma3_dir: Path, 
 def test_a_model_that_fits_one_shard_stays_one_file(tiny_gemma3_dir: Path, tmp_path: Path) -> None:
     path = write_gguf(tiny_gemma3_dir, tmp_path / "m.gguf", "q8_0", split=Split(max_bytes=parse_decimal_size("2G")))
     assert path == tmp_path / "m.gguf" and [p.name for p in tmp_path.iterdir()] == ["m.gguf"]
-    assert gguf.Keys.Split.LLM_KV_SPLIT_COUNT not in gguf.GGUFReader(path).fields
+    assert gguf.Keys.Split.LLM_KV_SPLIT_COUNT not in read_gguf(path).fields
 
 
 def test_a_new_export_replaces_the_old_one_whole_or_split(tiny_gemma3_dir: Path, tmp_path: Path) -> None:

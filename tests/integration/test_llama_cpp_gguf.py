@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from gemmaforge.export.gguf import write_gguf
+from gemmaforge.gguf_file import read_gguf
 from tests.llama_cpp_checks import PROMPT, greedy, load, relative_error
 
 pytestmark = pytest.mark.integration
@@ -148,8 +149,8 @@ def test_gemma_1_2_and_4_round_trip_through_llama_cpp(family: str, bound: float,
 
     checkpoint = text_checkpoint_of(family)
     path = write_gguf(checkpoint, tmp_path / f"{family}-f32.gguf", "f32")
-    reader = gguf.GGUFReader(path)
-    assert reader.fields["general.architecture"].contents() == family
+    reader = read_gguf(path)
+    assert reader.fields["general.architecture"].value == family
     attention = "sdpa" if family == "gemma4" else "eager"
     model = AutoModelForCausalLM.from_pretrained(checkpoint, dtype=torch.float32, attn_implementation=attention).eval()
     tokens = tokenizer(PROMPT).input_ids

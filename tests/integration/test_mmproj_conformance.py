@@ -11,16 +11,14 @@ for Unified, whose projector has no tower to hide a mistake in, the image embedd
 from __future__ import annotations
 
 import ctypes
-import subprocess
-import sys
 from pathlib import Path
 
-import gguf
 import numpy as np
 import pytest
 
 from gemmaforge.export.gguf_mmproj import write_mmproj
-from tests.llama_cpp_reference import assert_same_file
+from gemmaforge.gguf_file import read_gguf
+from tests.llama_cpp_reference import assert_same_file, run_converter
 
 pytestmark = pytest.mark.integration
 llama_cpp = pytest.importorskip("llama_cpp")
@@ -45,13 +43,8 @@ def mmproj_of(checkpoint_of, tmp_path_factory: pytest.TempPathFactory):
 
 
 def reference_mmproj(converter: Path, checkpoint: Path, out: Path, *extra: str) -> Path:  # noqa: F811
-    proc = subprocess.run(
-        [sys.executable, "convert_hf_to_gguf.py", str(checkpoint), "--mmproj", "--outtype", "f16", "--outfile",
-         str(out), *extra],
-        cwd=converter, env={"PYTHONPATH": str(converter / "gguf-py"), "PATH": "/usr/bin:/bin"},
-        capture_output=True, text=True,
-    )
-    assert proc.returncode == 0, proc.stderr[-2000:]
+    run_converter(converter, "convert_hf_to_gguf.py", str(checkpoint), "--mmproj", "--outtype", "f16", "--outfile",
+                  str(out), *extra)
     return out
 
 
@@ -60,9 +53,10 @@ def test_mmproj_equals_llama_cpps_converter(kind: str, converter: Path, checkpoi
                                             tmp_path: Path) -> None:
     ours_path = mmproj_of(kind)
     theirs_path = reference_mmproj(converter, checkpoint_of(kind), tmp_path / "reference-mmproj-f16.gguf")
-    ours, theirs = gguf.GGUFReader(ours_path), gguf.GGUFReader(theirs_path)
+    ours, theirs = read_gguf(ours_path), read_gguf(theirs_path)
     assert_same_file(ours, theirs, "clip", set())  # nothing allowed to differ, general.name included
-    assert [(k, f.types) for k, f in ours.fields.items()] == [(k, f.types) for k, f in theirs.fields.items()]
+    assert [(k, f.type, f.item_type) for k, f in ours.fields.items()] == \
+        [(k, f.type, f.item_type) for k, f in theirs.fields.items()]
     assert [t.name for t in ours.tensors] == [t.name for t in theirs.tensors]
     assert ours_path.read_bytes() == theirs_path.read_bytes()
     assert ("clip.has_audio_encoder" in ours.fields) == ("audio" in KINDS[kind])

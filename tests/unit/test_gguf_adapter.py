@@ -12,13 +12,13 @@ from gemmaforge.cli import main
 from gemmaforge.errors import UserError
 from gemmaforge.export.gguf import write_gguf
 from gemmaforge.export.gguf_adapter import write_adapter_gguf
+from gemmaforge.gguf_file import read_gguf
 from gemmaforge.model_spec import read_spec
 from tests.helpers import write_config
 
 
 def test_llama_cpp_with_the_adapter_gguf_computes_the_merged_model(tmp_path: Path, tiny_gemma3_dir: Path) -> None:
     llama_cpp = pytest.importorskip("llama_cpp")
-    import gguf
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -27,11 +27,11 @@ def test_llama_cpp_with_the_adapter_gguf_computes_the_merged_model(tmp_path: Pat
     run = tmp_path / "run"
     assert main(["export", "gguf", str(run), "--adapter"]) == 0
     assert main(["merge", str(run)]) == 0
-    reader = gguf.GGUFReader(run / "gguf" / "adapter-f16.gguf")
-    assert reader.fields["adapter.type"].contents() == "lora"
-    assert reader.fields["adapter.lora.alpha"].contents() == pytest.approx(8 * 2.0)  # rsLoRA: alpha * sqrt(r=4)
+    reader = read_gguf(run / "gguf" / "adapter-f16.gguf")
+    assert reader.fields["adapter.type"].value == "lora"
+    assert reader.fields["adapter.lora.alpha"].value == pytest.approx(8 * 2.0)  # rsLoRA: alpha * sqrt(r=4)
     assert len(reader.tensors) == 2 * 4 * 2  # 2 layers x q/k/v/o x (lora_a, lora_b)
-    assert gguf.GGUFReader(run / "gguf" / "base-f16.gguf").fields["general.file_type"].contents() == 1
+    assert read_gguf(run / "gguf" / "base-f16.gguf").fields["general.file_type"].value == 1
 
     assert main(["export", "ollama", str(run), "--adapter"]) == 0
     modelfile = (run / "ollama" / "Modelfile").read_text()

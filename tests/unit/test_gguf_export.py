@@ -19,6 +19,7 @@ from gemmaforge.export import gguf as gguf_export
 from gemmaforge.export.gguf import _QUANTS, write_gguf
 from gemmaforge.export.gguf_vocab import load_vocab
 from gemmaforge.export.quantize import K_QUANTS
+from gemmaforge.gguf_file import GGUFFile, read_gguf
 
 ARCH = "gemma3"
 N_VOCAB = 262144
@@ -55,8 +56,8 @@ def expected_names(n_layers: int) -> dict[str, str]:
     return names
 
 
-def field(reader: gguf.GGUFReader, key: str):
-    return reader.fields[key].contents()
+def field(reader: GGUFFile, key: str):
+    return reader.fields[key].value
 
 
 def llm_key(key: str) -> str:
@@ -97,7 +98,7 @@ def with_own_chat_template(model_dir: Path, target: Path) -> Path:
 
 
 @pytest.fixture(scope="module")
-def written(tiny_gemma3_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, gguf.GGUFReader]:
+def written(tiny_gemma3_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, GGUFFile]:
     """One file per quant (reading back a 262k vocabulary takes a while: each is read once)."""
     out = tmp_path_factory.mktemp("gguf")
     sources = {
@@ -110,7 +111,7 @@ def written(tiny_gemma3_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> 
     for quant, model_dir in sources.items():
         template = TEMPLATE if quant == "f16" else None
         path = write_gguf(model_dir, out / f"tiny-{quant}.gguf", quant, chat_template=template)
-        readers[quant] = gguf.GGUFReader(path)
+        readers[quant] = read_gguf(path)
     return readers
 
 
@@ -159,14 +160,15 @@ def test_q4_0_dequantizes_close_to_source_and_keeps_the_embedding_at_8_bits(writ
             assert np.all(err <= step * 1.01), gguf_name  # within one quantization step of the block
 
 
-def test_k_quants_go_through_llama_cpps_quantizer(tiny_gemma3_dir: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize("quant", sorted(K_QUANTS))
+def test_k_quants_go_through_llama_cpps_quantizer(quant: str, tiny_gemma3_dir: Path, tmp_path: Path) -> None:
     pytest.importorskip("llama_cpp")
-    path = write_gguf(tiny_gemma3_dir, tmp_path / "tiny-q4_k_m.gguf", "q4_k_m")
-    reader = gguf.GGUFReader(path)
-    assert field(reader, Keys.General.FILE_TYPE) == gguf.LlamaFileType.MOSTLY_Q4_K_M
+    path = write_gguf(tiny_gemma3_dir, tmp_path / f"tiny-{quant}.gguf", quant)
+    reader = read_gguf(path)
+    assert field(reader, Keys.General.FILE_TYPE) == getattr(gguf.LlamaFileType, f"MOSTLY_{quant.upper()}")
     assert field(reader, "tokenizer.ggml.model") == "llama"
     assert {t.name for t in reader.tensors} == set(expected_names(2).values())
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["tiny-q4_k_m.gguf"]  # the f16 source is gone
+    assert sorted(p.name for p in tmp_path.iterdir()) == [f"tiny-{quant}.gguf"]  # the f16 source is gone
 
 
 def test_k_quant_without_llama_cpp_is_a_clear_error(tiny_gemma3_dir: Path, tmp_path: Path,
@@ -333,10 +335,10 @@ def test_cli_converts_any_hf_gemma_checkpoint(tiny_gemma3_dir: Path, tmp_path: P
 
     checkpoint = shutil.copytree(tiny_gemma3_dir, tmp_path / "my-gemma")
     assert main(["export", "gguf", str(checkpoint), "--quant", "q8_0"]) == 0
-    reader = gguf.GGUFReader(checkpoint / "my-gemma-q8_0.gguf")
+    reader = read_gguf(checkpoint / "my-gemma-q8_0.gguf")
     assert field(reader, Keys.General.NAME) == "my-gemma" and field(reader, Keys.General.FILE_TYPE) == 7
     assert main(["export", "gguf", str(checkpoint), "--output", str(tmp_path / "out" / "x.gguf")]) == 0
-    assert field(gguf.GGUFReader(tmp_path / "out" / "x.gguf"), Keys.General.FILE_TYPE) == 1  # f16 by default
+    assert field(read_gguf(tmp_path / "out" / "x.gguf"), Keys.General.FILE_TYPE) == 1  # f16 by default
 
     assert main(["export", "gguf", str(checkpoint), "--quant", "f16", "--quant", "q8_0", "--output", "y.gguf"]) == 2
     assert "--output names one file; give exactly one --quant" in capsys.readouterr().err
@@ -367,8 +369,8 @@ def test_sharded_checkpoint_exports_like_a_single_file(tiny_gemma3_dir: Path, tm
         if (tiny_gemma3_dir / name).is_file():
             shutil.copy(tiny_gemma3_dir / name, sharded / name)
     assert len(list(sharded.glob("model-*.safetensors"))) > 1 and (sharded / "model.safetensors.index.json").is_file()
-    one = gguf.GGUFReader(write_gguf(tiny_gemma3_dir, tmp_path / "one.gguf", "f16"))
-    many = gguf.GGUFReader(write_gguf(sharded, tmp_path / "many.gguf", "f16"))
+    one = read_gguf(write_gguf(tiny_gemma3_dir, tmp_path / "one.gguf", "f16"))
+    many = read_gguf(write_gguf(sharded, tmp_path / "many.gguf", "f16"))
     assert [t.name for t in one.tensors] == [t.name for t in many.tensors]
     for a, b in zip(one.tensors, many.tensors):
         assert np.array_equal(np.asarray(a.data), np.asarray(b.data)), a.name

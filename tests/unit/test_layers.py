@@ -13,7 +13,7 @@ PACKAGE = Path(__file__).parents[2] / "gemmaforge"
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("core", ("gemmaforge", "gemmaforge.errors", "gemmaforge.console", "gemmaforge.units", "gemmaforge.families",
               "gemmaforge.templates", "gemmaforge.config", "gemmaforge.distributed", "gemmaforge.runs",
-              "gemmaforge.model_spec", "gemmaforge.models")),
+              "gemmaforge.model_spec", "gemmaforge.models", "gemmaforge.gguf_file")),
     ("system", ("gemmaforge.system",)),
     ("training library", ("gemmaforge.train",)),
     ("data stage", ("gemmaforge.data",)),
