@@ -50,6 +50,7 @@ def write_adapter_gguf(adapter_dir: Path, out_path: Path, spec: ModelSpec) -> Pa
         writer.add_type(gguf.GGUFType.ADAPTER)
         writer.add_string(gguf.Keys.Adapter.TYPE, "lora")
         writer.add_float32(gguf.Keys.Adapter.LORA_ALPHA, float(alpha))
+        writer.add_quantization_version(gguf.GGML_QUANT_VERSION)  # as convert_lora_to_gguf.py writes it
         for base, parts in sorted(pairs.items()):
             gguf_name = name_map.get_name(base, try_suffixes=(".weight",))
             if gguf_name is None:

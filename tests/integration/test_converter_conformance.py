@@ -18,9 +18,12 @@ import numpy as np
 import pytest
 
 from gemmaforge.export.gguf import write_gguf
+from gemmaforge.export.gguf_adapter import write_adapter_gguf
+from gemmaforge.gguf_file import read_gguf
+from gemmaforge.model_spec import read_spec
 from gemmaforge.models import default_home
 from tests.checkpoint_kinds import KINDS
-from tests.llama_cpp_reference import assert_same_file, convert_both
+from tests.llama_cpp_reference import assert_same_file, convert_both, run_converter
 from tests.sentencepiece_file import add_google_tokenizer_files
 from tests.tiny_models import save_tiny
 
@@ -30,7 +33,7 @@ pytestmark = pytest.mark.integration
 VOCABULARY_KEYS = {"tokenizer.ggml.model", "tokenizer.ggml.pre", "tokenizer.ggml.tokens", "tokenizer.ggml.token_type",
                    "tokenizer.ggml.scores", "tokenizer.ggml.merges", "tokenizer.ggml.add_eos_token",
                    "tokenizer.ggml.add_space_prefix"}
-ALLOWED = VOCABULARY_KEYS | {"general.name", "GGUF.kv_count"}
+ALLOWED = VOCABULARY_KEYS | {"general.name"}
 
 
 def test_gemma3_f16_equals_llama_cpps_converter(converter: Path, tiny_gemma3_dir: Path, tmp_path: Path) -> None:
@@ -59,8 +62,8 @@ def test_q4_0_and_q5_0_equal_llama_cpps_quantizer(quant: str, tiny_gemma3_dir: P
     params.ftype = getattr(llama_cpp, f"LLAMA_FTYPE_MOSTLY_{quant.upper()}")
     theirs = tmp_path / f"llama-cpp-{quant}.gguf"
     assert llama_cpp.llama_model_quantize(str(source).encode(), str(theirs).encode(), ctypes.byref(params)) == 0
-    ours = gguf.GGUFReader(write_gguf(tiny_gemma3_dir, tmp_path / f"ours-{quant}.gguf", quant))
-    reference = {t.name: t for t in gguf.GGUFReader(theirs).tensors}
+    ours = read_gguf(write_gguf(tiny_gemma3_dir, tmp_path / f"ours-{quant}.gguf", quant))
+    reference = {t.name: t for t in read_gguf(theirs).tensors}
     assert {t.name for t in ours.tensors} == set(reference)  # llama.cpp's quantizer writes them in its own order
     assert {t.tensor_type.name for t in ours.tensors} >= {quant.upper(), "Q8_0"}
     for t in ours.tensors:
@@ -88,8 +91,8 @@ def test_at_a_width_of_256_llama_cpps_quantizer_puts_the_tied_embedding_at_q6_k(
     params.ftype = llama_cpp.LLAMA_FTYPE_MOSTLY_Q4_0
     source, theirs = write_gguf(checkpoint, tmp_path / "ours-f32.gguf", "f32"), tmp_path / "llama-cpp-q4_0.gguf"
     assert llama_cpp.llama_model_quantize(str(source).encode(), str(theirs).encode(), ctypes.byref(params)) == 0
-    reference = {t.name: t for t in gguf.GGUFReader(theirs).tensors}
-    ours = {t.name: t for t in gguf.GGUFReader(write_gguf(checkpoint, tmp_path / "ours-q4_0.gguf", "q4_0")).tensors}
+    reference = {t.name: t for t in read_gguf(theirs).tensors}
+    ours = {t.name: t for t in read_gguf(write_gguf(checkpoint, tmp_path / "ours-q4_0.gguf", "q4_0")).tensors}
     assert ours.keys() == reference.keys()
     assert (ours.pop("token_embd.weight").tensor_type.name, reference["token_embd.weight"].tensor_type.name) == \
         ("Q8_0", "Q6_K")
@@ -112,18 +115,18 @@ def test_a_checkpoint_with_tokenizer_model_equals_llama_cpps_converter_down_to_t
     add_google_tokenizer_files(checkpoint, google)
     ours, theirs = convert_both(converter, checkpoint, tmp_path)
     assert_same_file(ours, theirs, "gemma3", {"general.name", "tokenizer.ggml.tokens", "tokenizer.ggml.token_type"})
-    tokens, kinds = (ours.fields[key].contents() for key in ("tokenizer.ggml.tokens", "tokenizer.ggml.token_type"))
-    their_tokens, their_kinds = (theirs.fields[key].contents() for key in ("tokenizer.ggml.tokens",
-                                                                           "tokenizer.ggml.token_type"))
+    tokens, kinds = (ours.fields[key].value for key in ("tokenizer.ggml.tokens", "tokenizer.ggml.token_type"))
+    their_tokens, their_kinds = (theirs.fields[key].value for key in ("tokenizer.ggml.tokens",
+                                                                      "tokenizer.ggml.token_type"))
     differ = [i for i in range(len(tokens)) if (tokens[i], kinds[i]) != (their_tokens[i], their_kinds[i])]
     assert len(differ) == 30
     for i in differ:
         assert tokens[i] == " " * len(tokens[i]) and kinds[i] == gguf.TokenType.USER_DEFINED
         assert their_tokens[i] == "\u2581" * len(tokens[i]) and their_kinds[i] == gguf.TokenType.NORMAL
-    official = gguf.GGUFReader(google)
-    assert official.fields["tokenizer.ggml.tokens"].contents() == tokens
-    assert official.fields["tokenizer.ggml.token_type"].contents() == kinds
-    assert official.fields["tokenizer.ggml.scores"].contents() == ours.fields["tokenizer.ggml.scores"].contents()
+    official = read_gguf(google)
+    assert official.fields["tokenizer.ggml.tokens"].value == tokens
+    assert official.fields["tokenizer.ggml.token_type"].value == kinds
+    assert official.fields["tokenizer.ggml.scores"].value == ours.fields["tokenizer.ggml.scores"].value
 
 
 def test_gemma4_f16_equals_llama_cpps_converter(converter: Path, text_checkpoint_of, tmp_path: Path) -> None:
@@ -151,9 +154,41 @@ def test_multimodal_text_model_equals_llama_cpps_converter(kind: str, converter:
     sampling = {k for k in theirs.fields if k.startswith("general.sampling.")}
     assert sampling and not any(k.startswith("general.sampling.") for k in ours.fields)
     assert_same_file(ours, theirs, family,
-                     (ALLOWED if family == "gemma3" else {"general.name", "GGUF.kv_count"}) | sampling)
+                     (ALLOWED if family == "gemma3" else {"general.name"}) | sampling)
     if kind == "gemma4-moe":
-        assert ours.fields["gemma4.expert_count"].contents() == 4
+        assert ours.fields["gemma4.expert_count"].value == 4
         assert "blk.0.ffn_gate_up_exps.weight" in {t.name for t in ours.tensors}
     if kind == "gemma4-unified":  # the end-of-audio and end-of-image ids, never sampled
-        assert ours.fields["tokenizer.ggml.suppress_tokens"].contents() == [258883, 258882]
+        assert ours.fields["tokenizer.ggml.suppress_tokens"].value == [258883, 258882]
+
+
+@pytest.mark.parametrize("rslora", [False, True])
+def test_the_adapter_gguf_equals_llama_cpps_convert_lora_to_gguf(rslora: bool, converter: Path, tiny_gemma3_dir: Path,
+                                                                tmp_path: Path) -> None:
+    """`export gguf --adapter` against llama.cpp's `convert_lora_to_gguf.py` on the same PEFT adapter (attention
+    and MLP projections, lora_B made non-zero), key for key and tensor for tensor. For rsLoRA the converter
+    writes lora_alpha as it is, which llama.cpp scales by alpha / r instead of alpha / sqrt(r); we write
+    alpha x sqrt(r), which gives llama.cpp the adapter's own scale (test_gguf_adapter.py computes it)."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_pretrained(tiny_gemma3_dir, dtype=torch.float32)
+    adapted = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, use_rslora=rslora, target_modules=[
+        "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]))
+    with torch.no_grad():
+        for name, parameter in adapted.named_parameters():
+            if "lora_B" in name:
+                parameter.normal_()
+    adapted.save_pretrained(tmp_path / "adapter")
+    ours = read_gguf(write_adapter_gguf(tmp_path / "adapter", tmp_path / "ours.gguf", read_spec(tiny_gemma3_dir)))
+    run_converter(converter, "convert_lora_to_gguf.py", str(tmp_path / "adapter"), "--base", str(tiny_gemma3_dir),
+                  "--outtype", "f16", "--outfile", str(tmp_path / "theirs.gguf"))
+    theirs = read_gguf(tmp_path / "theirs.gguf")
+    # the converter also copies the model card PEFT wrote beside the adapter (README.md) into general.*
+    card = {"general.name", "general.tags"} | {k for k in theirs.fields if k.startswith("general.base_model.")}
+    assert_same_file(ours, theirs, "adapter", card | ({"adapter.lora.alpha"} if rslora else set()))
+    assert theirs.value("adapter.lora.alpha") == 8
+    assert ours.value("adapter.lora.alpha") == 8 * (2.0 if rslora else 1.0)  # sqrt(r=4)
+    assert len(ours.tensors) == 2 * 7 * 2  # 2 layers x 7 projections x (lora_a, lora_b)

@@ -184,14 +184,15 @@ def test_seeded_sampling_repeats_with_its_seed(results: dict, trained: Path) -> 
 
 
 def test_llamacpp_engine_answers_as_the_merged_model(results: dict, trained: Path) -> None:
+    """On a split export: the engine takes the first shard and llama.cpp loads the set (README, export gguf)."""
     pytest.importorskip("llama_cpp")
     assert main(["merge", str(trained)]) == 0
-    assert main(["export", "gguf", str(trained), "--quant", "f16"]) == 0
+    assert main(["export", "gguf", str(trained), "--quant", "f16", "--split-max-tensors", "12"]) == 0
     suite = trained.parent / "suite.yaml"
     assert main(["eval", str(trained), "--suite", str(suite), "--engine", "llamacpp",
                  f"max_new_tokens={NEW_TOKENS}", "retention=false"]) == 0
     got = json.loads((trained / "eval" / "results.json").read_text(encoding="utf-8"))
-    assert got["engine"] == "llamacpp" and got["agreement"]["gguf"].endswith("model-f16.gguf")
+    assert got["engine"] == "llamacpp" and got["agreement"]["gguf"].endswith("model-f16-00001-of-00003.gguf")
     assert got["agreement"]["merged_answers"] == [c["tuned"]["answer"] for c in results["cases"]]
     assert got["agreement"]["exact_match"] == 1.0, got["agreement"]
     assert "GGUF against the merged model" in (trained / "eval" / "report.md").read_text(encoding="utf-8")
