@@ -72,6 +72,9 @@ class ModelSpec:
     token_ids: dict[str, int] = field(default_factory=dict)  # image/audio placeholder and boundary ids
     # each tower's config (vision_config, audio_config) with transformers' defaults filled in
     tower_configs: dict[str, dict[str, Any]] = field(default_factory=dict)
+    dtype: str = "float32"  # what the weights are stored in: config `dtype` (`torch_dtype` before transformers 5)
+    # bos/eos/unk/pad/mask ids as config.json's top level gives them (the tokenizer's names come first in GGUF)
+    special_token_ids: dict[str, int] = field(default_factory=dict)
 
     @property
     def multimodal(self) -> bool:
@@ -88,15 +91,17 @@ class ModelSpec:
         return int(self.text["vocab_size"])
 
     @property
-    def text_model_type(self) -> str:
-        return self.text["model_type"]
-
-    @property
     def language_prefix(self) -> str:
         return self.architecture.language_prefix
 
+    @property
+    def context(self) -> int:
+        """The text model's context length in tokens (max_position_embeddings)."""
+        return int(self.text["max_position_embeddings"])
+
 
 _TOWER_CONFIGS = {"vision_config": "vision", "audio_config": "audio"}
+SPECIAL_TOKEN_NAMES = ("bos", "eos", "unk", "pad", "mask")
 _TOKEN_ID_KEYS = ("image_token_id", "image_token_index", "boi_token_id", "boi_token_index", "eoi_token_id",
                   "eoi_token_index", "audio_token_id", "boa_token_id", "eoa_token_id", "video_token_id")
 
@@ -124,7 +129,10 @@ def spec_from_config(config: dict[str, Any], source: str) -> ModelSpec:
     tower_configs = {tower: getattr(parsed, key).to_dict() for key, tower in _TOWER_CONFIGS.items() if config.get(key)}
     token_ids = {key.replace("_index", "_id"): int(config[key]) for key in _TOKEN_ID_KEYS
                  if isinstance(config.get(key), int)}
-    return ModelSpec(family, architecture, text, tuple(tower_configs), token_ids, tower_configs)
+    special = {name: config[f"{name}_token_id"] for name in SPECIAL_TOKEN_NAMES
+               if isinstance(config.get(f"{name}_token_id"), int)}
+    dtype = config.get("dtype") or config.get("torch_dtype") or "float32"
+    return ModelSpec(family, architecture, text, tuple(tower_configs), token_ids, tower_configs, dtype, special)
 
 
 def _with_defaults(config: dict[str, Any], source: str) -> Any:

@@ -27,7 +27,7 @@ from safetensors import safe_open
 from gemmaforge.config import GGUF_QUANTS, NO_SPLIT, Split
 from gemmaforge.errors import UserError
 from gemmaforge.export.gguf_shards import gguf_file, gguf_parts, split_gguf_file
-from gemmaforge.export.gguf_vocab import load_vocab
+from gemmaforge.export.gguf_vocab import Vocab, load_vocab
 from gemmaforge.export.quantize import K_QUANTS, llama_cpp_quantize, quantizer
 from gemmaforge.model_spec import ModelSpec, read_spec, text_weight_name
 
@@ -187,9 +187,8 @@ def _gemma4_rope_freqs(cfg: dict[str, Any]) -> np.ndarray:
 _HPARAM_WRITERS: dict[str, Callable[[gguf.GGUFWriter, dict[str, Any]], None]] = {
     "gemma": _gemma_hparams,
     "gemma2": _gemma2_hparams,
-    "gemma3_text": _gemma3_hparams,
-    "gemma4_text": _gemma4_hparams,
-    "gemma4_unified_text": _gemma4_hparams,  # Gemma 4 12B Unified's text model is Gemma 4's decoder
+    "gemma3": _gemma3_hparams,
+    "gemma4": _gemma4_hparams,  # Gemma 4 12B Unified's text model (gemma4_unified_text) is Gemma 4's decoder too
 }
 # Architectures whose generation_config.json `suppress_tokens` llama.cpp's converter copies into the text file
 # (Gemma4UnifiedModel: the end-of-audio / end-of-image ids, whose embedding rows carry projected extra embeddings
@@ -307,8 +306,7 @@ def _converted(plan: list[_Planned], norm_shift: bool) -> Iterator[np.ndarray]:
 # ---------------------------------------------------------------------------- file
 
 
-def _vocab_to_gguf(w: gguf.GGUFWriter, model_dir: Path, n_vocab: int, chat_template: str | None) -> None:
-    vocab = load_vocab(model_dir, n_vocab)
+def _vocab_to_gguf(w: gguf.GGUFWriter, vocab: Vocab, chat_template: str | None) -> None:
     w.add_tokenizer_model("llama")  # SentencePiece, as llama.cpp's converter writes Gemma 1-3
     w.add_tokenizer_pre("default")
     w.add_token_list(vocab.tokens)
@@ -396,7 +394,7 @@ def write_gguf(
         raise UserError(f"unknown GGUF quant {quant!r}; choose one of: {', '.join(GGUF_QUANTS)}")
     model_dir, out_path = Path(model_dir), Path(out_path)
     spec = read_spec(model_dir)  # UserError for what is not a supported Gemma checkpoint
-    family, cfg, model_type = spec.family, spec.text, spec.text_model_type
+    family, cfg = spec.family, spec.text
     arch = next(a for a, n in gguf.MODEL_ARCH_NAMES.items() if n == family.gguf_arch)
     file_type, weights = _QUANTS[quant]
     plan = _plan(model_dir, spec, arch, weights)
@@ -416,14 +414,16 @@ def write_gguf(
         writer.add_type(gguf.GGUFType.MODEL)
         writer.add_name(name or model_dir.resolve().name)
         writer.add_size_label(gguf.size_label(*writer.get_total_parameter_count()))
-        _HPARAM_WRITERS[model_type](writer, cfg)
+        _HPARAM_WRITERS[family.gguf_arch](writer, cfg)
         suppress = _suppress_tokens(model_dir) if spec.architecture.name in _SUPPRESS_TOKENS_ARCHITECTURES else None
         if suppress:
             writer.add_array(_SUPPRESS_TOKENS_KEY, suppress)
         writer.add_file_type(file_type)
         writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
-        vocab_writer = _gemma4_vocab_to_gguf if gemma4 else _vocab_to_gguf
-        vocab_writer(writer, model_dir, embedding.shape[0], chat_template)
+        if gemma4:
+            _gemma4_vocab_to_gguf(writer, model_dir, embedding.shape[0], chat_template)
+        else:
+            _vocab_to_gguf(writer, load_vocab(model_dir, embedding.shape[0], spec.special_token_ids), chat_template)
 
         writer.write_header_to_file()
         writer.write_kv_data_to_file()

@@ -25,10 +25,10 @@ from typing import Any
 from gguf import TokenType
 
 from gemmaforge.errors import UserError
+from gemmaforge.model_spec import SPECIAL_TOKEN_NAMES
 
 SPIECE_SPACE = "\u2581"  # "▁": SentencePiece's spelling of a space
 ADDED_TOKEN_SCORE = -1000.0  # what llama.cpp's converter gives added (control / user-defined) tokens
-SPECIAL_NAMES = ("bos", "eos", "unk", "pad", "mask")
 _BYTE_PIECE = re.compile(r"^<0x[0-9A-Fa-f]{2}>$")
 
 # sentencepiece_model.proto ModelProto.SentencePiece.Type -> GGUF token type (same numbering)
@@ -53,8 +53,9 @@ class Vocab:
     chat_template: str | list[dict[str, str]] | None  # the tokenizer's own, if it has one
 
 
-def load_vocab(model_dir: Path, n_vocab: int) -> Vocab:
-    """The vocabulary of `model_dir`, padded to `n_vocab` entries (the embedding's rows)."""
+def load_vocab(model_dir: Path, n_vocab: int, config_ids: dict[str, int]) -> Vocab:
+    """The vocabulary of `model_dir`, padded to `n_vocab` entries (the embedding's rows); `config_ids` are the
+    special-token ids config.json gives (ModelSpec.special_token_ids), used where the tokenizer names none."""
     tok_json = _read_json(model_dir / "tokenizer.json")
     tok_config = _read_json(model_dir / "tokenizer_config.json") or {}
     added = list((tok_json or {}).get("added_tokens", []))
@@ -85,7 +86,7 @@ def load_vocab(model_dir: Path, n_vocab: int) -> Vocab:
         tokens=tokens,
         scores=scores,
         types=[int(t) for t in types],
-        special_ids=_special_ids(model_dir, tok_config, tokens),
+        special_ids=_special_ids(tok_config, tokens, config_ids),
         add_bos=bool(tok_config.get("add_bos_token", True)),  # Gemma needs BOS; transformers 5 omits the flag
         add_eos=bool(tok_config.get("add_eos_token", False)),
         chat_template=_chat_template(model_dir, tok_config),
@@ -151,19 +152,18 @@ def _apply_added_token(tokens: list[str], scores: list[float], types: list[Token
     scores[token_id] = ADDED_TOKEN_SCORE
 
 
-def _special_ids(model_dir: Path, tok_config: dict[str, Any], tokens: list[str]) -> dict[str, int]:
+def _special_ids(tok_config: dict[str, Any], tokens: list[str], config_ids: dict[str, int]) -> dict[str, int]:
     """Ids of bos/eos/unk/pad/mask: by the text tokenizer_config names, else config.json's ids."""
-    config = _read_json(model_dir / "config.json") or {}
     index = {t: i for i, t in enumerate(tokens)}
     ids: dict[str, int] = {}
-    for name in SPECIAL_NAMES:
+    for name in SPECIAL_TOKEN_NAMES:
         text = tok_config.get(f"{name}_token")
         if isinstance(text, dict):  # older tokenizer_config spells an AddedToken as a dict
             text = text.get("content")
         if isinstance(text, str) and text in index:
             ids[name] = index[text]
-        elif isinstance(config.get(f"{name}_token_id"), int):
-            ids[name] = config[f"{name}_token_id"]
+        elif name in config_ids:
+            ids[name] = config_ids[name]
     return ids
 
 

@@ -10,6 +10,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from gemmaforge.model_spec import ModelSpec
 from gemmaforge.models import ResolvedModel, load_causal_lm, load_tokenizer
 from gemmaforge.runs import RunDir, atomic_dir
 from gemmaforge.templates import hf_chat_template
@@ -33,7 +34,7 @@ def merge(run: RunDir, base: ResolvedModel) -> dict[str, Any]:
     # Always a full-precision reload of the base (a QLoRA run never merges into 4-bit weights); the sum
     # is taken in fp32 and stored in the base's own dtype.
     model = load_causal_lm(base.path, base.spec, torch.float32)
-    model = PeftModel.from_pretrained(model, adapter).merge_and_unload().to(base_dtype(base.path))
+    model = PeftModel.from_pretrained(model, adapter).merge_and_unload().to(base_dtype(base.spec))
     tokenizer = load_tokenizer(adapter)
     tokenizer.chat_template = hf_chat_template(base.family)
     # Generation stops at the end-of-turn marker as well as <eos>, as it does in Ollama.
@@ -51,13 +52,11 @@ def merge(run: RunDir, base: ResolvedModel) -> dict[str, Any]:
             "parameters": sum(p.numel() for p in model.parameters())}
 
 
-def base_dtype(model_dir: Path) -> Any:
-    """The dtype the base checkpoint is stored in (config `dtype`, or `torch_dtype` before transformers 5)."""
+def base_dtype(spec: ModelSpec) -> Any:
+    """The torch dtype the base checkpoint is stored in."""
     import torch
 
-    config = json.loads((model_dir / "config.json").read_text(encoding="utf-8"))
-    name = config.get("dtype") or config.get("torch_dtype") or "float32"
-    return {"bfloat16": torch.bfloat16, "float16": torch.float16}.get(name, torch.float32)
+    return {"bfloat16": torch.bfloat16, "float16": torch.float16}.get(spec.dtype, torch.float32)
 
 
 def _clean_config(path: Path) -> None:

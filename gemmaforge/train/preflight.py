@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import importlib.util
-import json
-from typing import Any
 
 from gemmaforge.config import RunConfig
 from gemmaforge.errors import UserError
@@ -40,11 +38,8 @@ def _check_quantization(config: RunConfig) -> None:
 
 
 def _check_context(config: RunConfig, base: ResolvedModel) -> None:
-    model_config: dict[str, Any] = json.loads((base.path / "config.json").read_text(encoding="utf-8"))
-    context = model_config.get("max_position_embeddings") or model_config.get("text_config", {}).get(
-        "max_position_embeddings"
-    )
-    if context and config.train.cutoff_len > context:
+    context = base.spec.context
+    if config.train.cutoff_len > context:
         raise UserError(
             f"train.cutoff_len={config.train.cutoff_len} is longer than the model's context ({context} tokens); "
             f"set train.cutoff_len to at most {context}"

@@ -20,6 +20,7 @@ from gemmaforge.export.gguf import _QUANTS, write_gguf
 from gemmaforge.export.gguf_vocab import load_vocab
 from gemmaforge.export.quantize import K_QUANTS
 from gemmaforge.gguf_file import GGUFFile, read_gguf
+from gemmaforge.model_spec import read_spec
 
 ARCH = "gemma3"
 N_VOCAB = 262144
@@ -262,7 +263,7 @@ def test_tokenizer_model_gives_the_same_vocabulary(tiny_gemma3_dir, tmp_path):
     tokenizer.json vocabulary, it must come out the same."""
     from sentencepiece import sentencepiece_model_pb2
 
-    from_json = load_vocab(tiny_gemma3_dir, N_VOCAB)
+    from_json = load_vocab(tiny_gemma3_dir, N_VOCAB, read_spec(tiny_gemma3_dir).special_token_ids)
     proto = sentencepiece_model_pb2.ModelProto()
     for token, score, kind in zip(from_json.tokens, from_json.scores, from_json.types):
         proto.pieces.add(piece=token, score=score, type=kind)  # GGUF token types use SPM's numbering
@@ -271,7 +272,7 @@ def test_tokenizer_model_gives_the_same_vocabulary(tiny_gemma3_dir, tmp_path):
     for name in ("config.json", "tokenizer.json", "tokenizer_config.json"):
         shutil.copy(tiny_gemma3_dir / name, spm_dir / name)
     (spm_dir / "tokenizer.model").write_bytes(proto.SerializeToString())
-    assert load_vocab(spm_dir, N_VOCAB) == from_json
+    assert load_vocab(spm_dir, N_VOCAB, read_spec(spm_dir).special_token_ids) == from_json
 
 
 # ---------------------------------------------------------------------------- inputs and failures
