@@ -165,7 +165,9 @@ class TrainConfig(Section):
     save_steps: int = Field(50, ge=1)
     save_total_limit: int | None = Field(2, ge=1)
     load_best_model_at_end: bool = Field(False, description="restore the checkpoint with the best metric")
-    metric_for_best_model: str = "eval_loss"
+    metric_for_best_model: Literal["eval_loss", "loss"] = Field(
+        "eval_loss", description="the evaluation computes the loss alone ('loss' is the same metric)"
+    )
     early_stopping_patience: int | None = Field(
         None, ge=1, description="stop after this many evaluations without improvement (needs load_best_model_at_end)"
     )

@@ -15,6 +15,11 @@ def preflight(config: RunConfig, base: ResolvedModel) -> str:
     precision = resolve_precision(config.train.precision, base.family)
     _check_quantization(config)
     _check_context(config, base)
+    if config.lora.bias == "all" and base.spec.multimodal:
+        raise UserError(
+            f"lora.bias=all would also train the {' and '.join(base.spec.towers)} towers' biases of this multimodal "
+            "checkpoint, which training keeps frozen (Gemma's language model has no biases); set lora.bias: none"
+        )
     if config.train.report_to == "tensorboard" and importlib.util.find_spec("tensorboard") is None:
         raise UserError("train.report_to=tensorboard needs the tensorboard package: pip install tensorboard")
     return precision

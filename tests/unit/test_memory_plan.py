@@ -134,6 +134,27 @@ def test_fp16_activations_are_planned_as_fp32(text_checkpoint_of, tmp_path: Path
     assert fp16["backward"] == fp32["backward"]
 
 
+def test_the_backward_term_is_what_the_largest_layer_keeps(text_checkpoint_of, tmp_path: Path) -> None:
+    """README (`gemmaforge plan`): backward is the largest layer's gradients while its backward runs, counted as
+    what that layer keeps for backward (twice that with gradient checkpointing, which recomputes it first). Held
+    against a trace of the wrapped tiny Gemma 4, whose full-attention layers (wider heads) keep the most; the
+    first layer of a kind also keeps what its kind shares, which the plan counts elsewhere (measured 4.9% below
+    the trace)."""
+    from gemmaforge.models import load_tokenizer
+    from gemmaforge.train.wrapping import build_peft_model
+
+    base = resolve_model(str(text_checkpoint_of("gemma4")), tmp_path)
+    config = run_config()
+    planner = Planner(config, base, "fp32", GPU)
+    model = build_peft_model(config, base, load_tokenizer(base.path), "fp32")
+    for tokens in (128, 256):
+        traced = activations._saved_bytes(model, tokens)
+        layers = [kept for layer, kept in traced.items() if layer is not None]
+        backward = planner.parts(1, tokens, False)["backward"]
+        assert backward == pytest.approx(max(layers), rel=0.08), (backward, layers)
+        assert planner.parts(1, tokens, True)["backward"] == pytest.approx(2 * backward, abs=1)
+
+
 @pytest.mark.parametrize(("text", "expected"), [("24GiB", 24 * 2**30), ("24G", 24 * 2**30), ("24 GB", 24 * 2**30),
                                                 ("16000MiB", 16000 * 2**20), ("0.5T", 2**39), ("1048576", 2**20)])
 def test_parse_binary_size(text: str, expected: int) -> None:
@@ -238,8 +259,9 @@ def test_the_tensor_tracker_counts_what_lives() -> None:
     assert tracked.peak == 4000 + 2 * 4 * 2**20 and after == 4000 + 4 * 2**20 and view.shape == (10,)
 
 
-# tiny checkpoints of every kind; a 16-position logits chunk so that weights and activations weigh as much as
-# the 262k-entry logits do
+# tiny checkpoints of every kind and Gemma 2's text model (eager attention), not the text-only Gemma 1 and Gemma 4
+# (about 15 s each on 2 cores); a 16-position logits chunk so that weights and activations weigh as much as the
+# 262k-entry logits do
 @pytest.mark.parametrize(("kind", "precision", "packing", "overrides"), [
     ("gemma3-text", "bf16", True, {}),
     ("gemma3-text", "fp32", False, {}),
@@ -247,17 +269,21 @@ def test_the_tensor_tracker_counts_what_lives() -> None:
     ("gemma4-e2b", "bf16", True, {"gradient_checkpointing": True}),
     ("gemma4-moe", "bf16", True, {"expert_lora": True}),
     ("gemma4-dense", "bf16", False, {}),
+    ("gemma4-unified", "bf16", True, {}),
+    ("gemma2", "bf16", False, {}),  # eager attention: its T x T probabilities (measured: the plan 12% above)
 ])
 def test_the_plan_predicts_the_measured_peak_of_a_training_step(kind: str, precision: str, packing: bool,
                                                                 overrides: dict, tiny_gemma3_dir: Path,
-                                                                checkpoint_of, tmp_path: Path) -> None:
+                                                                checkpoint_of, text_checkpoint_of,
+                                                                tmp_path: Path) -> None:
     """Plan a config as for a GPU (the counted terms, no CPU runtime or heap), then train a step on the CPU
     and measure the peak of live tensor memory: within 20% (measured: the plan 1-16% above)."""
     from gemmaforge.models import load_tokenizer
     from gemmaforge.train.loss import install_supervised_forward
     from gemmaforge.train.wrapping import build_peft_model
 
-    folder = tiny_gemma3_dir if kind == "gemma3-text" else checkpoint_of(kind)
+    folder = (tiny_gemma3_dir if kind == "gemma3-text" else text_checkpoint_of(kind) if kind in FAMILIES
+              else checkpoint_of(kind))
     checkpointing = overrides.get("gradient_checkpointing", False)
     lora = ({"lora_dropout": 0.0, "target_parameters": ["experts.gate_up_proj", "experts.down_proj"]}
             if overrides.get("expert_lora") else {})

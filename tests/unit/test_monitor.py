@@ -79,6 +79,27 @@ def test_a_failing_tool_or_a_raising_query_never_stops_anything(tmp_path: Path,
     assert "gpu_name" not in row and status_line(row).startswith("rss ")
 
 
+def test_on_a_gpu_each_row_has_torchs_allocator_counters(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """README (device monitor): on a GPU each metrics.jsonl row carries torch_allocated_bytes and
+    torch_reserved_bytes (torch.cuda's counters, mocked here) beside the tools' fields, instead of rss_bytes."""
+    from gemmaforge.train.callbacks import MetricsCallback
+
+    tools_on_path(tmp_path, monkeypatch, rocm_smi=TOOLS / "rocm_smi_rx7900xtx.json")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda device=None: 3 * 2**30)
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda device=None: 5 * 2**30)
+    monitor = DeviceMonitor(index=0)
+    monitor.poll()
+    fields = monitor.fields()
+    assert (fields["torch_allocated_bytes"], fields["torch_reserved_bytes"]) == (3 * 2**30, 5 * 2**30)
+    assert "rss_bytes" not in fields and fields["gpu_memory_total_bytes"] == XTX_BYTES
+    metrics = tmp_path / "metrics.jsonl"
+    state = type("State", (), {"global_step": 1, "is_world_process_zero": True})()
+    MetricsCallback(metrics, tmp_path / "loss.png").on_log(None, state, None, logs={"loss": 2.5, **fields})
+    row = json.loads(metrics.read_text())
+    assert row == {"step": 1, "loss": 2.5, **fields}
+
+
 def test_the_thread_polls_until_stopped(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     bin_dir = tools_on_path(tmp_path, monkeypatch, rocm_smi=TOOLS / "rocm_smi_rx7900xtx.json")
     monitor = DeviceMonitor(index=0, interval_s=0.05).start()

@@ -209,11 +209,16 @@ def test_split_export_is_verified_and_kept_from_ollama(tiny_run: tuple[Path, str
     assert sorted(p.name for p in gguf_dir.glob("model-q8_0*")) == ["model-q8_0.gguf"]
 
 
-def test_a_bf16_base_merges_into_bf16_weights(tmp_path: Path, tiny_gemma3_dir: Path) -> None:
-    """The merge adds in fp32 and stores the base's own dtype (half the size of fp32 for a bf16 base)."""
+def test_a_bf16_base_merges_into_bf16_weights(tmp_path: Path, tiny_gemma3_dir: Path,
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """README (`gemmaforge merge`): the merge adds in fp32 and stores the base's own dtype (half the size of fp32
+    for a bf16 base): the merged bf16 weights are, bit for bit, an fp32 merge cast to bf16. Its shards are
+    at most 5 GB, as the Hub's."""
     import shutil
 
-    from transformers import AutoModelForCausalLM
+    from peft import LoraModel, PeftModel
+    from transformers import AutoModelForCausalLM, PreTrainedModel
+    from transformers.utils.hub import convert_file_size_to_int
 
     base = tmp_path / "bf16-base"
     AutoModelForCausalLM.from_pretrained(tiny_gemma3_dir, dtype=torch.bfloat16).save_pretrained(base)
@@ -222,10 +227,31 @@ def test_a_bf16_base_merges_into_bf16_weights(tmp_path: Path, tiny_gemma3_dir: P
             shutil.copy(tiny_gemma3_dir / name, base / name)
     config = write_config(tmp_path, base, max_steps=1, save_steps=1, eval_strategy="no")
     assert main(["train", str(config), "eval.enabled=false"]) == 0
+    added_in, shard_sizes = [], []
+    merge_and_unload, save = LoraModel.merge_and_unload, PreTrainedModel.save_pretrained
+
+    def recorded_merge(model, *args, **kwargs):
+        added_in.append({p.dtype for name, p in model.named_parameters() if ".base_layer." in name})
+        return merge_and_unload(model, *args, **kwargs)
+
+    def recorded_save(model, *args, **kwargs):
+        shard_sizes.append(kwargs.get("max_shard_size"))
+        return save(model, *args, **kwargs)
+
+    monkeypatch.setattr(LoraModel, "merge_and_unload", recorded_merge)
+    monkeypatch.setattr(PreTrainedModel, "save_pretrained", recorded_save)
     assert main(["merge", str(tmp_path / "run")]) == 0
+    assert added_in == [{torch.float32}]  # the base weights the LoRA deltas are added to
+    assert [convert_file_size_to_int(size) for size in shard_sizes] == [5 * 10**9]
     merged = load_file(tmp_path / "run" / "merged" / "model.safetensors")
     assert {t.dtype for t in merged.values()} == {torch.bfloat16}
     assert json.loads((tmp_path / "run" / "manifest.json").read_text())["stages"]["merge"]["dtype"] == "bfloat16"
+    in_fp32 = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)  # bf16 -> fp32 is exact
+    want = PeftModel.from_pretrained(in_fp32, tmp_path / "run" / "adapter").merge_and_unload().state_dict()
+    before = load_file(base / "model.safetensors")
+    for name, tensor in merged.items():
+        assert torch.equal(tensor, want[name].to(torch.bfloat16)), name
+    assert sum(not torch.equal(tensor, before[name]) for name, tensor in merged.items()) >= 8  # q/k/v/o x 2 layers
 
 
 @pytest.mark.parametrize("variant", ["use_rslora", "use_dora"])

@@ -126,6 +126,7 @@ def test_early_stopping_restores_the_best_checkpoint(tmp_path: Path, tiny_gemma3
         (["train.cutoff_len=4096"], "train.cutoff_len=4096 is longer than the model's context (2048 tokens)"),
         (["model.load_in_4bit=true"], "model.load_in_4bit (QLoRA) needs a CUDA or ROCm GPU"),
         (["train.early_stopping_patience=2"], "early_stopping_patience needs load_best_model_at_end"),
+        (["train.metric_for_best_model=eval_accuracy"], "train.metric_for_best_model"),
         (["train.load_best_model_at_end=true", "train.save_steps=3", "train.eval_steps=2"],
          "save_steps to be a multiple of eval_steps"),
     ],
@@ -306,3 +307,28 @@ def test_every_training_arguments_name_of_the_train_section_reaches_training_arg
     assert (args.max_steps, args.eval_steps, args.save_steps) == (120, 10, 20)
     assert args.get_warmup_steps(1000) == 7  # warmup_steps wins over warmup_ratio
     assert args.report_to == [] and not args.load_best_model_at_end
+
+
+def test_modules_to_save_trains_the_whole_module_into_the_adapter(tmp_path: Path, tiny_gemma3_dir) -> None:
+    """README (`lora`): `modules_to_save` trains whole modules beside the LoRA weights and saves them with the
+    adapter: lm_head here, tied to the embedding in Gemma, so the adapter holds its own trained copy."""
+    from safetensors.torch import load_file
+
+    config = write_config(tmp_path, tiny_gemma3_dir, lora={"modules_to_save": ["lm_head"]}, max_steps=1,
+                          save_steps=100, eval_strategy="no")
+    assert main(["train", str(config)]) == 0
+    run = tmp_path / "run"
+    assert json.loads((run / "adapter" / "adapter_config.json").read_text())["modules_to_save"] == ["lm_head"]
+    embedding = load_file(tiny_gemma3_dir / "model.safetensors")["model.embed_tokens.weight"]
+    heads = [tensor for name, tensor in adapter_tensors(run).items() if ".lm_head." in name]
+    assert len(heads) == 1 and heads[0].shape == embedding.shape
+    assert not torch.equal(heads[0].float(), embedding.float())  # trained, not the base's copy
+
+
+def test_bias_all_on_a_multimodal_checkpoint_is_refused_before_loading(tmp_path: Path, checkpoint_of,
+                                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    """PEFT's bias="all" marks every bias trainable, the vision tower's included (Gemma's decoder has none)."""
+    config = write_config(tmp_path, checkpoint_of("gemma3-mm"))
+    assert main(["train", str(config), "lora.bias=all"]) == 2
+    assert "lora.bias=all would also train the vision towers' biases" in capsys.readouterr().err
+    assert not (tmp_path / "run" / "checkpoints").exists()
