@@ -97,13 +97,18 @@ def assert_loss_equals_transformers(model: object, chunk_size: int = 1024) -> No
 
 def reference_answer(registry, name: str, messages: list[dict[str, str]], n: int) -> str:
     """transformers' own greedy generation (PEFT's, for an adapter) on the served prompt ids."""
-    import torch
-
     from gemmaforge.serve.protocol import chat_prompt
 
     served = registry.get(name)
+    return reference_answer_to_ids(registry, name, served.engine.encode(chat_prompt(served, messages)), n)
+
+
+def reference_answer_to_ids(registry, name: str, ids: list[int], n: int) -> str:
+    """transformers' own greedy generation (PEFT's, for an adapter) after the prompt `ids`."""
+    import torch
+
+    served = registry.get(name)
     engine = served.engine
-    ids = engine.encode(chat_prompt(served, messages))
     with engine._model_lock, torch.inference_mode(), ExitStack() as stack:
         if served.adapter:
             engine.peft.set_adapter(served.adapter)

@@ -35,9 +35,10 @@ def pick_model(url: str, wanted: str | None, headers: dict[str, str]) -> str:
 
 def chat_loop(url: str, model: str, *, system: str | None = None, options: dict[str, Any] | None = None,
               headers: dict[str, str] | None = None, read: Callable[[str], str] = input,
-              out: TextIO = sys.stdout) -> None:
+              out: TextIO | None = None) -> None:
     import httpx
 
+    out = out or sys.stdout  # the stdout of the call, not of the import (a redirect made later still counts)
     history: list[dict[str, str]] = []
     out.write(f"chatting with {model} at {url} ({HELP})\n")
     while True:

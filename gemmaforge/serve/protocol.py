@@ -151,9 +151,18 @@ def _stops(data: dict[str, Any], where: str = "") -> tuple[str, ...]:
     return tuple(stop)
 
 
+# Ollama sampling options this server does not implement, with the value that leaves the answer unchanged: any
+# other value is refused. Options about the runtime (num_thread, num_gpu, num_batch, use_mmap, ...) are ignored.
+_NEUTRAL_OPTIONS = {"frequency_penalty": 0, "presence_penalty": 0, "mirostat": 0, "typical_p": 1, "tfs_z": 1}
+
+
 def ollama_params(served: Served, data: dict[str, Any], limits: Limits, n_prompt: int, num_ctx: int) -> Params:
     options = field(data, "options", dict, {})
     where = "options."
+    for key, neutral in _NEUTRAL_OPTIONS.items():
+        if field(options, key, float, neutral, where) != neutral:
+            raise bad(f"{where}{key}: not supported (leave it out or use {neutral}); the repeat penalty is "
+                      "options.repeat_penalty with options.repeat_last_n")
     merged = {**OLLAMA_DEFAULTS, **served.options}
     for key in ("temperature", "top_p", "min_p", "repeat_penalty"):
         merged[key] = float(field(options, key, float, merged[key], where))

@@ -3,21 +3,29 @@ a tiny run's adapter and its base share one transformers engine; the base's GGUF
 
 from __future__ import annotations
 
+import functools
+import io
 import json
 import shutil
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
 import pytest
+import yaml
 
 from gemmaforge.cli import build_parser, main
 from gemmaforge.cli.serve import serve_options
+from gemmaforge.config import Split
 from gemmaforge.export.gguf import write_gguf
-from gemmaforge.models import default_home
+from gemmaforge.export.gguf_shards import split_gguf_file
+from gemmaforge.families import FAMILIES
+from gemmaforge.models import EMBEDDED_NAME, default_home
 from gemmaforge.serve.server import ServeOptions, background_server, load_registry
-from tests.helpers import reference_answer, write_config
+from gemmaforge.templates import IGNORE_INDEX, encode_for_training
+from tests.helpers import reference_answer, reference_answer_to_ids, write_config
 
 pytestmark = pytest.mark.integration
 ollama = pytest.importorskip("ollama")
@@ -104,6 +112,37 @@ def test_options_num_predict_seed_and_stop(client) -> None:
     assert cut.done_reason == "stop" and stop not in cut.response and full.startswith(cut.response)
 
 
+def test_options_min_p_repeat_last_n_and_num_ctx(client, server, monkeypatch: pytest.MonkeyPatch) -> None:
+    for model in ("base", "gguf"):  # both engines
+        greedy = client.chat(model=model, messages=HI, options={"temperature": 0, "num_predict": 8}).message.content
+        hot = {"temperature": 5.0, "num_predict": 8}
+        sampled = {client.chat(model=model, messages=HI, options={**hot, "seed": s}).message.content for s in (1, 2)}
+        assert len(sampled) == 2  # at temperature 5 two seeds answer differently...
+        for seed in (1, 2):  # ...unless min_p 1 keeps only the most likely token
+            assert client.chat(model=model, messages=HI,
+                               options={**hot, "seed": seed, "min_p": 1.0}).message.content == greedy
+        penalised = {"temperature": 0, "num_predict": 8, "repeat_penalty": 100.0}
+        assert client.chat(model=model, messages=HI, options={**penalised, "repeat_last_n": 0}).message.content == \
+            greedy  # a window of 0 tokens: no penalty
+        assert client.chat(model=model, messages=HI, options={**penalised, "repeat_last_n": 64}).message.content != \
+            greedy  # the greedy answer repeats itself
+        neutral = {"temperature": 0, "num_predict": 8, "frequency_penalty": 0, "presence_penalty": 0, "mirostat": 0,
+                   "typical_p": 1.0, "num_thread": 1, "num_gpu": 0}  # unimplemented at their neutral value; runtime
+        assert client.chat(model=model, messages=HI, options=neutral).message.content == greedy
+    monkeypatch.setattr(server[1].get("base").engine, "stops", set())  # only the context may end the answer
+    n_prompt = client.chat(model="base", messages=HI, options={"num_predict": 1}).prompt_eval_count
+    short = client.chat(model="base", messages=HI, options={"num_ctx": n_prompt + 3, "num_predict": 100})
+    assert (short.eval_count, short.done_reason) == (3, "length")
+    with pytest.raises(ollama.ResponseError) as e:
+        client.chat(model="base", messages=HI, options={"num_ctx": n_prompt})
+    assert e.value.status_code == 400 and f"does not fit the context window of {n_prompt} tokens" in e.value.error
+    long = [{"role": "user", "content": "coffee " * 5000}]  # beyond --num-ctx (4096): a larger num_ctx is cut to it
+    with pytest.raises(ollama.ResponseError) as e:
+        client.chat(model="base", messages=long, options={"num_ctx": 100_000})
+    assert e.value.status_code == 400 and "does not fit the context window of 4096 tokens" in e.value.error
+    assert client.chat(model="base", messages=HI, options={"num_ctx": 100_000, "num_predict": 2}).eval_count == 2
+
+
 def test_the_llama_cpp_engine_answers_like_llama_cpp(client, server) -> None:
     import llama_cpp
 
@@ -116,6 +155,70 @@ def test_the_llama_cpp_engine_answers_like_llama_cpp(client, server) -> None:
     want = llm.create_completion(ids, max_tokens=12, temperature=0.0, top_k=1, stop=["<end_of_turn>"])
     assert answer.message.content == want["choices"][0]["text"]
     assert answer.prompt_eval_count == len(ids)
+
+
+def test_the_llama_cpp_engine_runs_one_request_at_a_time(client, server, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two requests at once: the second is submitted while the first generates (the first waits for it at
+    its first token), and llama.cpp is never asked for a second generation before the first has ended."""
+    engine = server[1].get("gguf").engine
+    prompts = [[{"role": "user", "content": text}] for text in ("What is a flat white?", "And a cortado?")]
+    alone = [client.chat(model="gguf", messages=m, options=GREEDY).message.content for m in prompts]
+    real_generate, real_submit = engine.llm.generate, engine.submit
+    both_submitted, generating, overlaps = threading.Event(), [], []
+
+    def submit(job) -> None:
+        real_submit(job)
+        if engine.running() == 2:
+            both_submitted.set()
+
+    def generate(*args, **kwargs):
+        if generating:  # refused before llama.cpp is touched: it would compute on one context from two threads
+            overlaps.append(len(generating))
+            raise RuntimeError("a second generation began while one was running")
+        generating.append(True)
+        try:
+            for i, token in enumerate(real_generate(*args, **kwargs)):
+                if i == 0:
+                    both_submitted.wait(timeout=30)
+                yield token
+        finally:
+            generating.pop()
+
+    monkeypatch.setattr(engine, "submit", submit)
+    monkeypatch.setattr(engine.llm, "generate", generate)
+    with ThreadPoolExecutor(2) as pool:  # a request that is never answered fails at the clients' timeout
+        together = list(pool.map(lambda m: ollama.Client(host=server[0], timeout=60).chat(model="gguf", messages=m,
+                                                                                          options=GREEDY), prompts))
+    assert both_submitted.is_set() and overlaps == []
+    assert [r.message.content for r in together] == alone
+
+
+def test_the_llama_cpp_engine_serves_a_split_gguf(client, server, tmp_path: Path) -> None:
+    registry = server[1]
+    parts = split_gguf_file(registry.get("gguf").engine.path, tmp_path / "tiny-f16.gguf", Split(max_tensors=10))
+    assert [p.name for p in parts] == [f"tiny-f16-0000{i}-of-00003.gguf" for i in (1, 2, 3)]
+    served = registry.add(f"split={parts[0]}")
+    try:
+        assert served.engine.kind == "llamacpp" and served.size == sum(p.stat().st_size for p in parts)
+        answer = client.chat(model="split", messages=HI, options=GREEDY)
+        assert answer.message.content == client.chat(model="gguf", messages=HI, options=GREEDY).message.content
+        assert answer.eval_count > 0
+    finally:
+        registry.remove("split:latest")
+
+
+def test_served_prompts_are_the_training_prompts(client, server, gemma3_tokenizer) -> None:
+    """The prompt a served model sees is, token for token, what training put before the answer (the
+    training tokenization of the same conversation, up to the first supervised token)."""
+    asked = [{"role": "system", "content": "You are a barista."}, {"role": "user", "content": "What is a flat white?"}]
+    ids, labels = encode_for_training([*asked, {"role": "assistant", "content": "Espresso with steamed milk."}],
+                                      gemma3_tokenizer, FAMILIES["gemma3"], cutoff_len=4096)
+    prompt = ids[:next(i for i, label in enumerate(labels) if label != IGNORE_INDEX)]
+    assert gemma3_tokenizer.decode(prompt).endswith("<start_of_turn>model\n")
+    tuned = client.chat(model="tiny-coffee", messages=asked, options=GREEDY)
+    assert tuned.prompt_eval_count == len(prompt)
+    assert tuned.message.content == reference_answer_to_ids(server[1], "tiny-coffee", prompt, 12)
+    assert client.chat(model="gguf", messages=asked, options=GREEDY).prompt_eval_count == len(prompt)
 
 
 def test_ollama_errors(client) -> None:
@@ -164,6 +267,19 @@ def test_openai_streaming_with_usage_ends_in_done(oai, server) -> None:
     assert raw.endswith("data: [DONE]\n\n") and raw.startswith("data: {")
 
 
+def test_openai_options_top_p_seed_and_stop(oai) -> None:
+    def ask(**kwargs) -> openai.types.chat.ChatCompletion:
+        return oai.chat.completions.create(model="base", messages=HI, max_tokens=10, **kwargs)
+
+    greedy = ask(temperature=0).choices[0].message.content
+    assert ask(seed=7).choices[0].message.content == ask(seed=7).choices[0].message.content
+    assert ask(seed=7).choices[0].message.content != ask(seed=8).choices[0].message.content
+    assert {ask(seed=s, top_p=1e-9).choices[0].message.content for s in (7, 8)} == {greedy}  # only the best token
+    stop = greedy.strip()[2:4]
+    cut = ask(temperature=0, stop=[stop]).choices[0]
+    assert cut.finish_reason == "stop" and stop not in cut.message.content and greedy.startswith(cut.message.content)
+
+
 def test_openai_errors(oai) -> None:
     with pytest.raises(openai.NotFoundError) as e:
         oai.chat.completions.create(model="nope", messages=HI)
@@ -200,6 +316,44 @@ def test_openai_errors(oai) -> None:
      "options.num_predict: expected number"),
     ("/api/generate", b'{"model": "base", "prompt": "x", "raw": true, "system": "s"}', 400,
      "raw mode does not support"),
+    ("/api/chat", b'{"model": "base", "messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function"}]}',
+     400, "tools: this model does not support tools"),
+    ("/api/chat", b'{"model": "base", "messages": [{"role": "user", "content": "x", "images": ["aGk="]}]}', 400,
+     "images: not supported"),
+    ("/api/generate", b'{"model": "base", "prompt": "x", "images": ["aGk="]}', 400, "images: not supported"),
+    ("/api/chat", b'{"model": "base", "messages": [{"role": "user", "content": "x"}], "think": true}', 400,
+     "think: this model does not support thinking"),
+    ("/api/chat", b'{"model": "base", "messages": [{"role": "user", "content": "x"}], "format": {"type": "object"}}',
+     400, "format: structured output (JSON mode) is not supported"),
+    ("/v1/chat/completions", (b'{"model": "base", "messages": [{"role": "user", "content": "x"}], '
+                              b'"response_format": {"type": "json_object"}}'), 400,
+     "response_format: structured output (JSON mode) is not supported"),
+    ("/v1/completions", b'{"model": "base", "prompt": "x", "response_format": {"type": "json_schema"}}', 400,
+     "response_format: structured output (JSON mode) is not supported"),
+    ("/v1/chat/completions", (b'{"model": "base", "messages": [{"role": "user", "content": "x"}], '
+                              b'"tools": [{"type": "function", "function": {"name": "f"}}]}'), 400,
+     "tools: this model does not support tools"),
+    ("/v1/chat/completions", (b'{"model": "base", "messages": [{"role": "user", "content": [{"type": "image_url", '
+                              b'"image_url": {"url": "data:image/png;base64,aGk="}}]}]}'), 400,
+     "only text parts are supported"),
+    ("/v1/chat/completions", (b'{"model": "base", "messages": [{"role": "user", "content": "x"}], '
+                              b'"frequency_penalty": 0.5}'), 400, "frequency_penalty: not supported"),
+    ("/v1/chat/completions", (b'{"model": "base", "messages": [{"role": "user", "content": "x"}], '
+                              b'"presence_penalty": -1}'), 400, "presence_penalty: not supported"),
+    ("/api/chat", b'{"model": "base", "messages": [{"role": "user", "content": "x"}], "options": {"mirostat": 2}}',
+     400, "options.mirostat: not supported (leave it out or use 0)"),
+    ("/api/generate", b'{"model": "base", "prompt": "x", "options": {"frequency_penalty": 0.5}}', 400,
+     "options.frequency_penalty: not supported"),
+    ("/api/generate", b'{"model": "base", "prompt": "x", "options": {"presence_penalty": 1}}', 400,
+     "options.presence_penalty: not supported"),
+    ("/api/generate", b'{"model": "base", "prompt": "x", "options": {"typical_p": 0.5}}', 400,
+     "options.typical_p: not supported (leave it out or use 1)"),
+    ("/api/chat", b'{"model": "base", "messages": [{"role": "user", "content": "x"}], "options": {"min_p": 2}}', 400,
+     "min_p: 2.0 is out of range [0, 1]"),
+    ("/api/chat", b'{"model": "base", "messages": [{"role": "user", "content": "x"}], "options": {"num_ctx": "big"}}',
+     400, "options.num_ctx: expected number"),
+    ("/api/chat", (b'{"model": "base", "messages": [{"role": "user", "content": "x"}], '
+                   b'"options": {"repeat_last_n": "all"}}'), 400, "options.repeat_last_n: expected number, got string"),
     ("/api/generate", b'{"model": "no-such-model", "prompt": "x"}', 404, "model 'no-such-model' not found"),
     ("/v1/chat/completions", b"{oops", 400, "invalid JSON"),
     ("/v1/chat/completions", b'{"model": "base", "messages": [{"role": "tool", "content": "x"}]}', 400,
@@ -262,6 +416,9 @@ def test_a_client_that_disconnects_stops_its_generation(server, monkeypatch: pyt
 
 
 def test_adapters_load_and_unload_at_runtime(server, run_dir: Path, client) -> None:
+    import torch
+    from safetensors.torch import load_file
+
     url = server[0]
     adapter = str(run_dir / "adapter")
     response = httpx.post(url + "/v1/load_lora_adapter", json={"lora_name": "again", "lora_path": adapter})
@@ -277,11 +434,50 @@ def test_adapters_load_and_unload_at_runtime(server, run_dir: Path, client) -> N
     assert "z:latest" not in [m.model for m in client.list().models]
     missing = httpx.post(url + "/v1/load_lora_adapter", json={"lora_name": "y", "lora_path": str(run_dir / "nothing")})
     assert missing.status_code == 400 and "is not a folder" in missing.json()["error"]["message"]
+    pickled = shutil.copytree(run_dir / "adapter", run_dir.parent / "pickled-adapter")  # a loadable pickle adapter
+    torch.save(load_file(pickled / "adapter_model.safetensors"), pickled / "adapter_model.bin")
+    (pickled / "adapter_model.safetensors").unlink()
+    refused = httpx.post(url + "/v1/load_lora_adapter", json={"lora_name": "p", "lora_path": str(pickled)})
+    assert refused.status_code == 400 and "no adapter_model.safetensors file; only safetensors and GGUF are loaded" \
+        in refused.json()["error"]["message"]
+    assert "p:latest" not in [m.model for m in client.list().models]
     assert httpx.post(url + "/v1/unload_lora_adapter", json={"lora_name": "again"}).status_code == 200
     with pytest.raises(ollama.ResponseError) as e:
         client.chat(model="again", messages=HI)
     assert e.value.status_code == 404
     assert client.chat(model="tiny-coffee", messages=HI, options=GREEDY).message.content == again
+
+
+def test_runs_on_one_base_share_it_and_answer_with_their_modelfile_defaults(client, oai, server,
+                                                                            run_dir: Path) -> None:
+    """A second run on the same base (a copy of the tiny run, its Modelfile parameters changed to temperature 0
+    and a context just past the prompt, no export.ollama.name) joins the loaded base as one more adapter,
+    named after its folder; a request without options takes those defaults (but OpenAI's temperature is 1)."""
+    registry = server[1]
+    greedy = client.chat(model="tiny-coffee", messages=HI, options=GREEDY)
+    n_answer = min(greedy.eval_count, 5)
+    copy = run_dir.parent / "espresso"
+    shutil.copytree(run_dir / "adapter", copy / "adapter")
+    config = yaml.safe_load((run_dir / "run.yaml").read_text(encoding="utf-8"))
+    config["output_dir"] = str(copy)
+    config["export"]["ollama"].update(name=None, temperature=0, num_ctx=greedy.prompt_eval_count + n_answer)
+    (copy / "run.yaml").write_text(yaml.safe_dump(config), encoding="utf-8")
+    engines = dict(registry.engines)
+    served = registry.add(str(copy))
+    try:
+        assert served.name == "espresso:latest" and served.adapter == "espresso:latest"
+        assert served.engine is registry.get("tiny-coffee").engine is registry.get("base").engine
+        assert registry.engines == engines and {"espresso:latest", "tiny-coffee:latest"} <= set(served.engine.adapters)
+        answers = [client.chat(model="espresso", messages=HI) for _ in range(2)]  # unseeded, no options
+        assert all((a.eval_count, a.done_reason) == (n_answer, "length") for a in answers)
+        want = client.chat(model="tiny-coffee", messages=HI, options={"temperature": 0, "num_predict": n_answer})
+        assert [a.message.content for a in answers] == [want.message.content] * 2
+        sampled = oai.chat.completions.create(model="espresso", messages=HI, seed=7)  # OpenAI: temperature 1
+        want = oai.chat.completions.create(model="tiny-coffee", messages=HI, seed=7, temperature=1, top_p=1,
+                                           max_tokens=n_answer)
+        assert sampled.choices[0].message.content == want.choices[0].message.content != answers[0].message.content
+    finally:
+        registry.remove("espresso:latest")
 
 
 def test_a_full_queue_answers_503_with_retry_after(tiny_gemma3_dir: Path) -> None:
@@ -310,6 +506,43 @@ def test_a_request_stops_at_the_time_limit(tiny_gemma3_dir: Path) -> None:
             reply = httpx.post(url + "/api/generate", json=body, timeout=60).json()
             assert reply["done_reason"] == "length"  # cut by the 1 s limit, far short of 3000 tokens
             assert 0 < reply["eval_count"] < 3000 and registry.get("tiny").engine.running() == 0
+    finally:
+        registry.close()
+
+
+def test_models_are_named_after_their_folder_or_file_and_max_tokens_caps_answers(server,
+                                                                                tiny_gemma3_dir: Path) -> None:
+    options = ServeOptions(max_tokens=3)
+    gguf = server[1].get("gguf").engine.path
+    registry = load_registry([str(tiny_gemma3_dir), str(gguf)], options, default_home())
+    try:
+        assert list(registry.models) == [f"{tiny_gemma3_dir.name}:latest", "tiny-f16:latest"]
+        for served in registry.models.values():
+            served.engine.stops = set()  # only the limit may end the answer
+        with background_server(registry, options) as url:
+            for name in registry.models:
+                body = {"model": name, "prompt": "coffee", "stream": False, "options": {"num_predict": 100}}
+                reply = httpx.post(url + "/api/generate", json=body, timeout=60).json()
+                assert (reply["eval_count"], reply["done_reason"]) == (3, "length")
+            body = {"model": "tiny-f16", "messages": HI, "max_tokens": 100}
+            assert httpx.post(url + "/v1/chat/completions", json=body).json()["usage"]["completion_tokens"] == 3
+    finally:
+        registry.close()
+
+
+def test_the_embedded_model_is_served_by_its_name(embedded_model) -> None:
+    options = ServeOptions()
+    registry = load_registry([EMBEDDED_NAME], options, default_home())
+    try:
+        served = registry.get(EMBEDDED_NAME)
+        assert list(registry.models) == ["gemma3-270m:latest"] and served.source == embedded_model.path
+        assert served.details["family"] == "gemma3" and served.details["parameter_size"] == "268M"
+        question = [{"role": "user", "content": "What is the capital of France?"}]
+        with background_server(registry, options) as url:
+            answer = ollama.Client(host=url).chat(model=EMBEDDED_NAME, messages=question,
+                                                  options={"temperature": 0, "num_predict": 8})
+        assert answer.eval_count > 0  # transformers' own greedy answer, through the served model
+        assert answer.message.content == reference_answer(registry, EMBEDDED_NAME, question, 8)
     finally:
         registry.close()
 
@@ -365,6 +598,24 @@ def test_chat_cli_streams_keeps_history_and_obeys_commands(server, capsys) -> No
     assert [m["role"] for m in seen[1]["messages"]] == ["system", "user", "assistant", "user"]
     assert seen[1]["messages"][0]["content"] == "You are a barista."
     assert seen[1]["messages"][2]["content"] and seen[1]["messages"][2]["content"] in text
+
+
+def test_chat_cli_serves_a_folder_or_a_gguf_in_process_until_ctrl_d(client, server, tiny_gemma3_dir: Path,
+                                                                      capsys: pytest.CaptureFixture[str],
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """`gemmaforge chat MODEL` with typed input: one question, then end of input (Ctrl-D) leaves."""
+    import gemmaforge.cli.serve as cli_serve
+
+    monkeypatch.setattr(cli_serve, "ServeOptions", functools.partial(ServeOptions, max_tokens=8))  # a short answer
+    for target, served_as, flags in ((tiny_gemma3_dir, "base", ["--dtype", "fp32"]),
+                                     (server[1].get("gguf").engine.path, "gguf", [])):
+        monkeypatch.setattr("sys.stdin", io.StringIO(HI[0]["content"] + "\n"))
+        capsys.readouterr()
+        assert main(["chat", str(target), "--temperature", "0", *flags]) == 0
+        out = capsys.readouterr().out
+        want = client.chat(model=served_as, messages=HI, options={"temperature": 0, "num_predict": 8}).message.content
+        assert f"chatting with {Path(target).stem}:latest at http://127.0.0.1:" in out
+        assert out.endswith(f"/exit)\n>>> {want}\n>>> \n")  # input()'s prompt, the answer; Ctrl-D: a newline
 
 
 def test_delete_unloads_a_model_and_keeps_the_rest_serving(client, server) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 from pathlib import Path
 
 import pytest
@@ -168,3 +169,34 @@ def test_every_verb_and_target_has_help(capsys: pytest.CaptureFixture[str]) -> N
             parser.parse_args([*command, "--help"])
         assert exit_info.value.code == 0, command
         assert capsys.readouterr().out.startswith("usage: gemmaforge"), command
+
+
+def leaf_parsers(parser: argparse.ArgumentParser, path: tuple[str, ...] = ()):
+    """(verb path, parser) for every command line the parser accepts: `export gguf`, `train`, ..."""
+    verbs = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    if not verbs:
+        yield path, parser
+        return
+    for name, sub in verbs[0].choices.items():
+        yield from leaf_parsers(sub, (*path, name))
+
+
+def test_each_verb_parser_names_its_handler_which_lives_in_that_verbs_module() -> None:
+    """The CLI is a table (README, Architecture): each verb's parser names the function that runs it, a handler in
+    the cli/ module that built the parser."""
+    from gemmaforge.cli import VERB_MODULES, build_parser
+    from gemmaforge.cli.common import Parser
+
+    owner = {}
+    for module in VERB_MODULES:
+        verbs = Parser().add_subparsers(parser_class=Parser)
+        module.add(verbs)
+        owner.update({name: module.__name__ for name in verbs.choices})
+    leaves = list(leaf_parsers(build_parser()))
+    assert {" ".join(path) for path, _ in leaves} >= {"run", "train", "plan", "data prepare", "data inspect", "eval",
+                                                       "merge", "export gguf", "export verify", "serve", "chat",
+                                                       "doctor"}
+    for path, parser in leaves:
+        handler = parser.get_default("handler")
+        assert callable(handler), f"{' '.join(path)} names no handler"
+        assert handler.__module__ == owner[path[0]], (path, handler.__module__)
