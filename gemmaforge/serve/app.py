@@ -1,5 +1,9 @@
 """The HTTP server: Ollama's API under /api, OpenAI's under /v1, vLLM's adapter loading routes.
 
+The four completion routes are one path (`complete`): a dialect (ollama_api.py, openai_api.py) parses the body
+into a neutral Completion (protocol.py), the served model's engine generates it, and the dialect renders the
+events back; a new API is a new dialect, not new routes' worth of generation code.
+
 Errors take each API's own shape ({"error": "..."} on Ollama routes, {"error": {"message", "type", ...}}
 on OpenAI routes). A request a client gets wrong is a 4xx; once a stream has started, an error is sent
 as the stream's last message. A client that goes away stops its generation.
@@ -9,10 +13,8 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import json
 import secrets
 import time
-import uuid
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -26,10 +28,13 @@ from gemmaforge.errors import UserError
 from gemmaforge.export.ollama import GEMMA_TERMS
 from gemmaforge.serve import protocol as p
 from gemmaforge.serve.jobs import Delta, Event, Failed, Finished, Job, QueueFull
-from gemmaforge.serve.protocol import ApiError, Limits, bad
+from gemmaforge.serve.ollama_api import OllamaDialect
+from gemmaforge.serve.openai_api import OpenAIDialect, model_object
+from gemmaforge.serve.protocol import ApiError, Dialect, Limits, bad
 from gemmaforge.serve.registry import Registry, Served, check_name
 
 MAX_BODY = 4 * 2**20
+OLLAMA, OPENAI = OllamaDialect(), OpenAIDialect()
 
 
 def create_app(registry: Registry, *, api_key: str | None = None, max_tokens: int = 4096,
@@ -153,131 +158,47 @@ def create_app(registry: Registry, *, api_key: str | None = None, max_tokens: in
             served_or_404(name)  # removed meanwhile by another request: 404 as for any unknown model
         return Response(status_code=200)
 
-    @app.post("/api/generate")
-    async def generate(request: Request) -> Response:
+    async def complete(request: Request, dialect: Dialect, chat: bool) -> Response:
+        """Every completion route: the dialect parses the body into a Completion, the served model's engine
+        generates it, the dialect renders the events, streamed or whole."""
         data = await body(request)
         served = served_or_404(p.model_name(data))
-        p.refuse_unsupported(data)
-        if not data.get("prompt") and not data.get("raw"):  # Ollama's way of loading a model
-            return JSONResponse({"model": data["model"], "created_at": now(), "response": "", "done": True,
-                                 "done_reason": "load"})
-        ids = served.engine.encode(p.generate_prompt(served, data))
-        params = p.ollama_params(served, data, limits, len(ids), registry.num_ctx)
-        return await ollama_answer(request, data, served, ids, params, chat=False)
+        completion = dialect.parse(data, served, chat)
+        if isinstance(completion, dict):  # answered without generating
+            return JSONResponse(completion)
+        ids = served.engine.encode(completion.prompt)
+        stream = events(served, ids, p.sampling_params(completion, limits, len(ids), registry.num_ctx), request)
+        if completion.stream:
+            first = await first_event(stream)  # a full queue is still a plain 503, before the stream starts
+            return StreamingResponse(dialect.stream(completion, prepend(first, stream)), media_type=dialect.media_type)
+        text, end = await collect(stream)
+        return JSONResponse(dialect.whole(completion, text, end))
+
+    @app.post("/api/generate")
+    async def generate(request: Request) -> Response:
+        return await complete(request, OLLAMA, chat=False)
 
     @app.post("/api/chat")
     async def chat(request: Request) -> Response:
-        data = await body(request)
-        served = served_or_404(p.model_name(data))
-        p.refuse_unsupported(data)
-        ids = served.engine.encode(p.chat_prompt(served, p.messages_of(data)))
-        params = p.ollama_params(served, data, limits, len(ids), registry.num_ctx)
-        return await ollama_answer(request, data, served, ids, params, chat=True)
-
-    async def ollama_answer(request: Request, data: dict[str, Any], served: Served, ids: list[int],
-                            params: p.Params, chat: bool) -> Response:
-        model, start = data["model"], time.perf_counter_ns()
-
-        def chunk(text: str, **extra: Any) -> dict[str, Any]:
-            content = {"message": {"role": "assistant", "content": text}} if chat else {"response": text}
-            return {"model": model, "created_at": now(), **content, **extra}
-
-        def final(f: Finished) -> dict[str, Any]:
-            return {"done": True, "done_reason": f.reason, "total_duration": time.perf_counter_ns() - start,
-                    "load_duration": 0, "prompt_eval_count": f.prompt_tokens, "prompt_eval_duration": f.prompt_ns,
-                    "eval_count": f.completion_tokens, "eval_duration": f.eval_ns}
-
-        stream = events(served, ids, params, request)
-        if field_bool(data, "stream", True):
-            first = await first_event(stream)  # a full queue is still a plain 503, before the stream starts
-
-            async def lines() -> AsyncIterator[bytes]:
-                async for event in prepend(first, stream):
-                    if isinstance(event, Delta):
-                        yield ndjson(chunk(event.text, done=False))
-                    elif isinstance(event, Finished):
-                        yield ndjson(chunk("", **final(event)))
-                    else:
-                        yield ndjson({"error": event.message})
-
-            return StreamingResponse(lines(), media_type="application/x-ndjson")
-        text, end = await collect(stream)
-        return JSONResponse(chunk(text, **final(end)))
+        return await complete(request, OLLAMA, chat=True)
 
     # ------------------------------------------------------------------ OpenAI
 
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
-        return {"object": "list", "data": [openai_model(m) for m in list(registry.models.values())]}
+        return {"object": "list", "data": [model_object(m) for m in list(registry.models.values())]}
 
     @app.get("/v1/models/{name:path}")
     async def model(name: str) -> dict[str, Any]:
-        return openai_model(served_or_404(name))
+        return model_object(served_or_404(name))
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Response:
-        data = await body(request)
-        served = served_or_404(p.model_name(data))
-        ids = served.engine.encode(p.chat_prompt(served, p.messages_of(data, openai=True)))
-        params = p.openai_params(served, data, limits, len(ids), registry.num_ctx)
-        return await openai_answer(request, data, served, ids, params, chat=True)
+        return await complete(request, OPENAI, chat=True)
 
     @app.post("/v1/completions")
     async def completions(request: Request) -> Response:
-        data = await body(request)
-        served = served_or_404(p.model_name(data))
-        if not isinstance(data.get("prompt"), str):
-            raise bad("prompt: expected a string")
-        ids = served.engine.encode(p.generate_prompt(served, {"prompt": data["prompt"]}))
-        params = p.openai_params(served, data, limits, len(ids), registry.num_ctx)
-        return await openai_answer(request, data, served, ids, params, chat=False)
-
-    async def openai_answer(request: Request, data: dict[str, Any], served: Served, ids: list[int],
-                            params: p.Params, chat: bool) -> Response:
-        ident, created = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}", int(time.time())
-        kind = "chat.completion" if chat else "text_completion"
-
-        def envelope(choices: list[dict[str, Any]], chunked: bool, **extra: Any) -> dict[str, Any]:
-            return {"id": ident, "object": kind + (".chunk" if chunked and chat else ""), "created": created,
-                    "model": data["model"], "system_fingerprint": "fp_gemmaforge", "choices": choices, **extra}
-
-        def usage(f: Finished) -> dict[str, int]:
-            return {"prompt_tokens": f.prompt_tokens, "completion_tokens": f.completion_tokens,
-                    "total_tokens": f.prompt_tokens + f.completion_tokens}
-
-        def choice(text: str | None, reason: str | None, chunked: bool) -> dict[str, Any]:
-            if not chat:
-                return {"text": text or "", "index": 0, "logprobs": None, "finish_reason": reason}
-            key = "delta" if chunked else "message"
-            content = {} if text is None else {"content": text}
-            return {"index": 0, key: {"role": "assistant", **content} if not chunked else content,
-                    "finish_reason": reason}
-
-        stream = events(served, ids, params, request)
-        if field_bool(data, "stream", False):
-            options = p.field(data, "stream_options", dict, {})
-            include_usage = p.field(options, "include_usage", bool, False, "stream_options.")
-            first = await first_event(stream)
-
-            async def sse() -> AsyncIterator[bytes]:
-                if chat:
-                    yield sse_event(envelope([{"index": 0, "delta": {"role": "assistant", "content": ""},
-                                               "finish_reason": None}], True))
-                async for event in prepend(first, stream):
-                    if isinstance(event, Delta):
-                        yield sse_event(envelope([choice(event.text, None, True)], True))
-                    elif isinstance(event, Finished):
-                        yield sse_event(envelope([choice(None if chat else "", openai_reason(event), True)], True))
-                        if include_usage:
-                            yield sse_event(envelope([], True, usage=usage(event)))
-                    else:
-                        yield sse_event({"error": {"message": event.message, "type": "api_error", "param": None,
-                                                   "code": None}})
-                yield b"data: [DONE]\n\n"
-
-            return StreamingResponse(sse(), media_type="text/event-stream")
-        text, end = await collect(stream)
-        return JSONResponse(envelope([choice(text, openai_reason(end), False)], False, usage=usage(end)))
+        return await complete(request, OPENAI, chat=False)
 
     # ------------------------------------------------------------------ adapters at runtime (vLLM's routes)
 
@@ -323,32 +244,6 @@ def error_response(request: Request, e: ApiError) -> Response:
         content = {"error": e.message}
     headers = {**e.headers, "x-should-retry": "true" if e.status == 503 else "false"}  # openai-python's retries
     return JSONResponse(content, status_code=e.status, headers=headers)
-
-
-def field_bool(data: dict[str, Any], key: str, default: bool) -> bool:
-    return p.field(data, key, bool, default)
-
-
-def openai_model(m: Served) -> dict[str, Any]:
-    created = int(datetime.fromisoformat(m.modified_at).timestamp()) if m.modified_at else 0
-    return {"id": m.name, "object": "model", "created": created, "owned_by": "gemmaforge",
-            **({"parent": m.parent} if m.parent else {})}
-
-
-def openai_reason(f: Finished) -> str:
-    return "length" if f.reason == "length" else "stop"
-
-
-def now() -> str:
-    return datetime.now(UTC).isoformat().replace("+00:00", "Z")
-
-
-def ndjson(obj: dict[str, Any]) -> bytes:
-    return (json.dumps(obj, ensure_ascii=False) + "\n").encode()
-
-
-def sse_event(obj: dict[str, Any]) -> bytes:
-    return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n".encode()
 
 
 async def first_event(stream: AsyncIterator[Event]) -> Event:

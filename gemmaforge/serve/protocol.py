@@ -1,15 +1,19 @@
-"""Request bodies of the Ollama and OpenAI APIs -> (prompt text, sampling parameters), with an error that
-names the field for every malformed request (answered 400, never 5xx)."""
+"""What the Ollama and OpenAI dialects share: the neutral completion request each parses its bodies into, the
+field readers whose errors name the field (every malformed request is answered 400, never 5xx), the prompt in
+the training template, and the sampling parameters a completion request comes to."""
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import time
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import Any
+from dataclasses import field as dataclass_field
+from typing import Any, Protocol
 
 from gemmaforge.errors import UserError
-from gemmaforge.serve.jobs import Params
+from gemmaforge.serve.jobs import Event, Finished, Params
 from gemmaforge.serve.registry import Served
 from gemmaforge.templates import BOS, check_roles, render_conversation
 
@@ -34,6 +38,34 @@ def bad(message: str) -> ApiError:
 @dataclass(frozen=True)
 class Limits:
     max_tokens: int  # the most tokens one answer may have
+
+
+@dataclass(frozen=True)
+class Completion:
+    """One completion request in no API's terms: what to continue, how to sample, how to answer."""
+
+    model: str  # as the client named it (answers echo it)
+    prompt: str  # the training template's text (or a raw prompt)
+    chat: bool  # answer as a chat message rather than as text
+    stream: bool
+    options: dict[str, Any]  # Ollama's option names: temperature, top_p, top_k, min_p, seed, num_predict, ...
+    stop: tuple[str, ...] = ()
+    include_usage: bool = False  # a streamed answer ends with the token counts (OpenAI's stream_options)
+    started_ns: int = dataclass_field(default_factory=time.perf_counter_ns)
+
+
+class Dialect(Protocol):
+    """An API's side of the completion routes: its bodies parsed into a Completion, events rendered back."""
+
+    media_type: str  # of a streamed answer
+
+    def parse(self, data: dict[str, Any], served: Served, chat: bool) -> Completion | dict[str, Any]:
+        """The request, or an answer that needs no generation (Ollama's model load)."""
+        ...
+
+    def stream(self, c: Completion, events: AsyncIterator[Event]) -> AsyncIterator[bytes]: ...
+
+    def whole(self, c: Completion, text: str, end: Finished) -> dict[str, Any]: ...
 
 
 def parse_json(body: bytes) -> dict[str, Any]:
@@ -131,19 +163,19 @@ def refuse_unsupported(data: dict[str, Any]) -> None:
         raise bad("images: not supported (this is a text model)")
     if data.get("format"):
         raise bad("format: structured output (JSON mode) is not supported by gemmaforge serve")
-    _refuse_tools(data)
+    refuse_tools(data)
     if data.get("think"):
         raise bad("think: this model does not support thinking")
     if data.get("suffix"):
         raise bad("suffix: fill-in-the-middle is not supported by Gemma chat models")
 
 
-def _refuse_tools(data: dict[str, Any]) -> None:
+def refuse_tools(data: dict[str, Any]) -> None:
     if data.get("tools"):
         raise bad("tools: this model does not support tools")
 
 
-def _stops(data: dict[str, Any], where: str = "") -> tuple[str, ...]:
+def stops(data: dict[str, Any], where: str = "") -> tuple[str, ...]:
     stop = field(data, "stop", (list, str), [], where)
     stop = [stop] if isinstance(stop, str) else stop
     if not all(isinstance(s, str) for s in stop):
@@ -151,45 +183,10 @@ def _stops(data: dict[str, Any], where: str = "") -> tuple[str, ...]:
     return tuple(stop)
 
 
-# Ollama sampling options this server does not implement, with the value that leaves the answer unchanged: any
-# other value is refused. Options about the runtime (num_thread, num_gpu, num_batch, use_mmap, ...) are ignored.
-_NEUTRAL_OPTIONS = {"frequency_penalty": 0, "presence_penalty": 0, "mirostat": 0, "typical_p": 1, "tfs_z": 1}
-
-
-def ollama_params(served: Served, data: dict[str, Any], limits: Limits, n_prompt: int, num_ctx: int) -> Params:
-    options = field(data, "options", dict, {})
-    where = "options."
-    for key, neutral in _NEUTRAL_OPTIONS.items():
-        if field(options, key, float, neutral, where) != neutral:
-            raise bad(f"{where}{key}: not supported (leave it out or use {neutral}); the repeat penalty is "
-                      "options.repeat_penalty with options.repeat_last_n")
-    merged = {**OLLAMA_DEFAULTS, **served.options}
-    for key in ("temperature", "top_p", "min_p", "repeat_penalty"):
-        merged[key] = float(field(options, key, float, merged[key], where))
-    for key in ("top_k", "repeat_last_n", "seed", "num_predict", "num_ctx"):
-        merged[key] = field(options, key, int, merged.get(key), where)
-    return _params(merged, _stops(options, where), limits, n_prompt, num_ctx)
-
-
-def openai_params(served: Served, data: dict[str, Any], limits: Limits, n_prompt: int, num_ctx: int) -> Params:
-    """As Ollama's OpenAI layer: temperature and top_p default to 1.0; max_tokens is num_predict."""
-    for key in ("frequency_penalty", "presence_penalty"):
-        if field(data, key, float, 0.0):
-            raise bad(f"{key}: not supported (use 0); repeat penalties are set through the Ollama API's options")
-    if field(data, "n", int, 1) != 1:
-        raise bad("n: only one choice per request is supported")
-    if field(field(data, "response_format", dict, {}), "type", str, "text", "response_format.") != "text":
-        raise bad("response_format: structured output (JSON mode) is not supported by gemmaforge serve")
-    _refuse_tools(data)
-    merged = {**OLLAMA_DEFAULTS, **served.options, "temperature": 1.0, "top_p": 1.0}
-    for key in ("temperature", "top_p"):
-        merged[key] = float(field(data, key, float, merged[key]))
-    merged["seed"] = field(data, "seed", int)
-    merged["num_predict"] = field(data, "max_completion_tokens", int, field(data, "max_tokens", int))
-    return _params(merged, _stops(data), limits, n_prompt, num_ctx)
-
-
-def _params(o: dict[str, Any], stop: tuple[str, ...], limits: Limits, n_prompt: int, num_ctx: int) -> Params:
+def sampling_params(c: Completion, limits: Limits, n_prompt: int, num_ctx: int) -> Params:
+    """The engine's parameters for a prompt of `n_prompt` tokens: options checked, the answer bounded by the
+    context window (a request's num_ctx no larger than the server's), its num_predict and the server's cap."""
+    o = c.options
     for key, low, high, low_ok in (("temperature", 0, 100, True), ("top_p", 0, 1, False), ("min_p", 0, 1, True),
                                    ("repeat_penalty", 0, 100, False)):
         if not (low <= o[key] if low_ok else low < o[key]) or o[key] > high:
@@ -208,4 +205,4 @@ def _params(o: dict[str, Any], stop: tuple[str, ...], limits: Limits, n_prompt: 
         raise bad("num_predict / max_tokens: must be at least 1")
     return Params(max_tokens=min(predict, room, limits.max_tokens), temperature=o["temperature"], top_p=o["top_p"],
                   top_k=o["top_k"] or 0, min_p=o["min_p"], seed=seed, repeat_penalty=o["repeat_penalty"],
-                  repeat_last_n=o["repeat_last_n"], stop=stop)
+                  repeat_last_n=o["repeat_last_n"], stop=c.stop)

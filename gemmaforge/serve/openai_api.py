@@ -1,0 +1,120 @@
+"""OpenAI's dialect: /v1/chat/completions and /v1/completions bodies parsed into a Completion, events rendered
+back as server-sent events (chunks, then [DONE]) or as one completion object, in the shapes of Ollama's own
+OpenAI layer."""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator
+from datetime import datetime
+from typing import Any
+
+from gemmaforge.serve.jobs import Delta, Event, Finished
+from gemmaforge.serve.protocol import (
+    OLLAMA_DEFAULTS,
+    Completion,
+    bad,
+    chat_prompt,
+    field,
+    generate_prompt,
+    messages_of,
+    refuse_tools,
+    stops,
+)
+from gemmaforge.serve.registry import Served
+
+
+class OpenAIDialect:
+    media_type = "text/event-stream"
+
+    def parse(self, data: dict[str, Any], served: Served, chat: bool) -> Completion:
+        if chat:
+            prompt = chat_prompt(served, messages_of(data, openai=True))
+        elif isinstance(data.get("prompt"), str):
+            prompt = generate_prompt(served, {"prompt": data["prompt"]})
+        else:
+            raise bad("prompt: expected a string")
+        stream = field(data, "stream", bool, False)
+        include_usage = stream and field(field(data, "stream_options", dict, {}), "include_usage", bool, False,
+                                         "stream_options.")
+        return Completion(data["model"], prompt, chat, stream, options_of(served, data), stops(data), include_usage)
+
+    async def stream(self, c: Completion, events: AsyncIterator[Event]) -> AsyncIterator[bytes]:
+        answer = _Answer(c)
+        if c.chat:
+            yield sse(answer.envelope([{"index": 0, "delta": {"role": "assistant", "content": ""},
+                                        "finish_reason": None}], True))
+        async for event in events:
+            if isinstance(event, Delta):
+                yield sse(answer.envelope([answer.choice(event.text, None, True)], True))
+            elif isinstance(event, Finished):
+                yield sse(answer.envelope([answer.choice(None if c.chat else "", finish_reason(event), True)], True))
+                if c.include_usage:
+                    yield sse(answer.envelope([], True, usage=usage(event)))
+            else:
+                yield sse({"error": {"message": event.message, "type": "api_error", "param": None, "code": None}})
+        yield b"data: [DONE]\n\n"
+
+    def whole(self, c: Completion, text: str, end: Finished) -> dict[str, Any]:
+        answer = _Answer(c)
+        return answer.envelope([answer.choice(text, finish_reason(end), False)], False, usage=usage(end))
+
+
+def options_of(served: Served, data: dict[str, Any]) -> dict[str, Any]:
+    """As Ollama's OpenAI layer: temperature and top_p default to 1.0; max_tokens is num_predict."""
+    for key in ("frequency_penalty", "presence_penalty"):
+        if field(data, key, float, 0.0):
+            raise bad(f"{key}: not supported (use 0); repeat penalties are set through the Ollama API's options")
+    if field(data, "n", int, 1) != 1:
+        raise bad("n: only one choice per request is supported")
+    if field(field(data, "response_format", dict, {}), "type", str, "text", "response_format.") != "text":
+        raise bad("response_format: structured output (JSON mode) is not supported by gemmaforge serve")
+    refuse_tools(data)
+    merged = {**OLLAMA_DEFAULTS, **served.options, "temperature": 1.0, "top_p": 1.0}
+    for key in ("temperature", "top_p"):
+        merged[key] = float(field(data, key, float, merged[key]))
+    merged["seed"] = field(data, "seed", int)
+    merged["num_predict"] = field(data, "max_completion_tokens", int, field(data, "max_tokens", int))
+    return merged
+
+
+class _Answer:
+    """One answer's id, creation time and object kind, shared by its chunks."""
+
+    def __init__(self, c: Completion) -> None:
+        self.c, self.created = c, int(time.time())
+        self.ident = f"{'chatcmpl' if c.chat else 'cmpl'}-{uuid.uuid4().hex[:24]}"
+        self.kind = "chat.completion" if c.chat else "text_completion"
+
+    def envelope(self, choices: list[dict[str, Any]], chunked: bool, **extra: Any) -> dict[str, Any]:
+        return {"id": self.ident, "object": self.kind + (".chunk" if chunked and self.c.chat else ""),
+                "created": self.created, "model": self.c.model, "system_fingerprint": "fp_gemmaforge",
+                "choices": choices, **extra}
+
+    def choice(self, text: str | None, reason: str | None, chunked: bool) -> dict[str, Any]:
+        if not self.c.chat:
+            return {"text": text or "", "index": 0, "logprobs": None, "finish_reason": reason}
+        key = "delta" if chunked else "message"
+        content = {} if text is None else {"content": text}
+        return {"index": 0, key: {"role": "assistant", **content} if not chunked else content, "finish_reason": reason}
+
+
+def usage(f: Finished) -> dict[str, int]:
+    return {"prompt_tokens": f.prompt_tokens, "completion_tokens": f.completion_tokens,
+            "total_tokens": f.prompt_tokens + f.completion_tokens}
+
+
+def finish_reason(f: Finished) -> str:
+    return "length" if f.reason == "length" else "stop"
+
+
+def model_object(m: Served) -> dict[str, Any]:
+    created = int(datetime.fromisoformat(m.modified_at).timestamp()) if m.modified_at else 0
+    return {"id": m.name, "object": "model", "created": created, "owned_by": "gemmaforge",
+            **({"parent": m.parent} if m.parent else {})}
+
+
+def sse(obj: dict[str, Any]) -> bytes:
+    return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n".encode()
