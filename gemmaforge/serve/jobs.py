@@ -11,7 +11,10 @@ import asyncio
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from pathlib import Path
+from typing import Any, Protocol
+
+from gemmaforge.families import Family
 
 
 @dataclass(frozen=True)
@@ -147,3 +150,32 @@ class TextStream:
         delta = text[self.sent:end] if end > self.sent else ""
         self.sent = max(self.sent, end)
         return delta
+
+
+class Engine(Protocol):
+    """What the registry and the routes may touch of an engine (TransformersEngine, LlamaCppEngine)."""
+
+    kind: str  # "transformers" | "llamacpp"
+    family: Family
+
+    def encode(self, text: str) -> list[int]: ...
+
+    def submit(self, job: Job) -> None:
+        """Queue the job (QueueFull when the queue is full); its events go to the job's loop."""
+        ...
+
+    def running(self) -> int:
+        """Requests waiting or in flight."""
+        ...
+
+    def close(self) -> None: ...
+
+    def parameter_count(self) -> int: ...
+
+    def quantization_level(self) -> str:
+        """As Ollama lists it: F16, BF16, Q8_0, ..."""
+        ...
+
+    def weight_files(self) -> list[Path]:
+        """The files the weights were loaded from (their sizes are the model's listed size)."""
+        ...

@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import queue
 import random
+import re
 import threading
 import time
 from pathlib import Path
@@ -44,6 +45,20 @@ class LlamaCppEngine:
 
     def running(self) -> int:
         return self._jobs.qsize() + self._busy
+
+    def parameter_count(self) -> int:
+        import llama_cpp
+
+        return llama_cpp.llama_model_n_params(self.llm.model)
+
+    def quantization_level(self) -> str:
+        match = re.search(r"(f32|f16|bf16|q\d_[0k](?:_[ms])?)", self.path.name, flags=re.IGNORECASE)
+        return match[1].upper() if match else ""
+
+    def weight_files(self) -> list[Path]:
+        from gemmaforge.export.gguf_shards import shard_set
+
+        return shard_set(self.path)
 
     def close(self) -> None:
         self._closed = True

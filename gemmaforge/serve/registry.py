@@ -16,11 +16,15 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 from gemmaforge.errors import UserError
 from gemmaforge.families import FAMILIES, Family
 from gemmaforge.models import EMBEDDED_NAME, ResolvedModel, resolve_model
+from gemmaforge.serve.jobs import Engine
+
+if TYPE_CHECKING:
+    from gemmaforge.serve.transformers_engine import TransformersEngine
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}(/[A-Za-z0-9][A-Za-z0-9._-]{0,63})?(:[A-Za-z0-9._-]{1,64})?$")
 
@@ -28,7 +32,7 @@ _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}(/[A-Za-z0-9][A-Za-z0-9._-]
 @dataclass
 class Served:
     name: str  # as listed: "coffee:latest"
-    engine: Any  # TransformersEngine | LlamaCppEngine
+    engine: Engine
     adapter: str | None
     family: Family
     source: Path  # the run dir, model folder or GGUF file
@@ -59,7 +63,7 @@ class Registry:
         self.home, self.num_ctx, self.max_batch, self.max_queue = home, num_ctx, max_batch, max_queue
         self.dtype = dtype  # auto (bf16 where the hardware has it), bf16 or fp32
         self.models: dict[str, Served] = {}
-        self.engines: dict[Path, Any] = {}
+        self.engines: dict[Path, Engine] = {}
         self._lock = threading.RLock()
 
     # ------------------------------------------------------------------ lookup
@@ -113,7 +117,7 @@ class Registry:
         if (adapter_dir / "run.yaml").is_file():
             run = RunDir.open(adapter_dir)
             return self._add_run(adapter_dir, "transformers", name, adapter_dir=run.adapter_dir)
-        engines = [e for e in self.engines.values() if e.kind == "transformers"]
+        engines = [cast("TransformersEngine", e) for e in self.engines.values() if e.kind == "transformers"]
         base = _adapter_base(adapter_dir)
         matching = [e for e in engines if base and Path(base).expanduser().resolve() == e.base_path] or engines
         if len(matching) != 1:
@@ -171,12 +175,11 @@ class Registry:
                                                                    max_queue=self.max_queue)
         return self._register(Served(name, engine, None, family, source or path))
 
-    def _transformers_engine(self, base: ResolvedModel, reference: str) -> Any:
+    def _transformers_engine(self, base: ResolvedModel, reference: str) -> TransformersEngine:
         engine = self.engines.get(base.path.resolve())
         if engine is None:
-            engine = self.engines[base.path.resolve()] = _load_transformers(base, self)
-            engine.base_path, engine.base_name = base.path.resolve(), reference
-        return engine
+            engine = self.engines[base.path.resolve()] = _load_transformers(base, reference, self)
+        return cast("TransformersEngine", engine)
 
     def _free(self, name: str) -> str:
         if name in self.models:
@@ -187,9 +190,10 @@ class Registry:
     def _register(self, served: Served, adapter_dir: Path | None = None) -> Served:
         if adapter_dir is not None:
             served.adapter = served.name
-            served.engine.load_adapter(served.name, adapter_dir)
+            cast("TransformersEngine", served.engine).load_adapter(served.name, adapter_dir)
         served.details = _details(served)
-        served.size = sum(p.stat().st_size for p in _weight_files(served, adapter_dir))
+        weights = [adapter_dir / "adapter_model.safetensors"] if adapter_dir else served.engine.weight_files()
+        served.size = sum(p.stat().st_size for p in weights)
         served.modified_at = datetime.fromtimestamp(served.source.stat().st_mtime, UTC).isoformat()
         self.models[served.name] = served
         return served
@@ -207,7 +211,7 @@ class Registry:
 
     def _release(self, served: Served) -> None:
         if served.adapter is not None:
-            served.engine.unload_adapter(served.adapter)
+            cast("TransformersEngine", served.engine).unload_adapter(served.adapter)
         elif not any(m.engine is served.engine for m in self.models.values()):
             key = next(k for k, e in self.engines.items() if e is served.engine)
             self.engines.pop(key).close()
@@ -217,7 +221,7 @@ class Registry:
             engine.close()
 
 
-def _load_transformers(base: ResolvedModel, registry: Registry) -> Any:
+def _load_transformers(base: ResolvedModel, reference: str, registry: Registry) -> TransformersEngine:
     import torch
 
     from gemmaforge.models import load_causal_lm, load_tokenizer
@@ -229,7 +233,8 @@ def _load_transformers(base: ResolvedModel, registry: Registry) -> Any:
     if torch.cuda.is_available():
         model = model.to("cuda")
     return TransformersEngine(model, load_tokenizer(base.path), base.family, max_batch=registry.max_batch,
-                              max_queue=registry.max_queue, num_ctx=registry.num_ctx)
+                              max_queue=registry.max_queue, num_ctx=registry.num_ctx,
+                              base_path=base.path.resolve(), base_name=reference)
 
 
 def _require_safetensors(folder: Path, name: str | None = None) -> None:
@@ -264,29 +269,8 @@ def _gguf_family(path: Path) -> Family:
 def _details(served: Served) -> dict[str, Any]:
     import gguf
 
-    engine = served.engine
-    if engine.kind == "llamacpp":
-        import llama_cpp
-
-        params, level = llama_cpp.llama_model_n_params(engine.llm.model), _gguf_quant(engine.path)
-    else:
-        params = sum(p.numel() for p in engine.model.parameters())
-        level = str(next(engine.model.parameters()).dtype).removeprefix("torch.").upper().replace("FLOAT", "F")
-    return {"parent_model": served.parent or "", "format": "gguf" if engine.kind == "llamacpp" else "safetensors",
+    engine, gguf_file = served.engine, served.engine.kind == "llamacpp"
+    params = engine.parameter_count()
+    return {"parent_model": served.parent or "", "format": "gguf" if gguf_file else "safetensors",
             "family": served.family.name, "families": [served.family.name],
-            "parameter_size": gguf.size_label(params, params, 0, 0), "quantization_level": level}
-
-
-def _gguf_quant(path: Path) -> str:
-    match = re.search(r"(f32|f16|bf16|q\d_[0k](?:_[ms])?)", path.name, flags=re.IGNORECASE)
-    return match[1].upper() if match else ""
-
-
-def _weight_files(served: Served, adapter_dir: Path | None) -> list[Path]:
-    if adapter_dir is not None:
-        return [adapter_dir / "adapter_model.safetensors"]
-    if served.engine.kind == "llamacpp":
-        from gemmaforge.export.gguf_shards import shard_set
-
-        return shard_set(served.engine.path)
-    return list(served.source.glob("*.safetensors"))
+            "parameter_size": gguf.size_label(params, params, 0, 0), "quantization_level": engine.quantization_level()}

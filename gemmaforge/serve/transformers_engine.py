@@ -54,8 +54,9 @@ class TransformersEngine:
     kind = "transformers"
 
     def __init__(self, model: Any, tokenizer: Any, family: Family, *, max_batch: int = 16, max_queue: int = 64,
-                 num_ctx: int = 4096):
+                 num_ctx: int = 4096, base_path: Path | None = None, base_name: str | None = None):
         self.model, self.tokenizer, self.family = fast_last_position_logits(model.eval()), tokenizer, family
+        self.base_path, self.base_name = base_path, base_name  # the folder loaded, as the user named it
         self.device = next(model.parameters()).device
         self.peft: Any = None  # the PeftModel once an adapter is loaded
         self.adapters: dict[str, Path] = {}
@@ -77,6 +78,15 @@ class TransformersEngine:
 
     def encode(self, text: str) -> list[int]:
         return self.tokenizer(text, add_special_tokens=False).input_ids
+
+    def parameter_count(self) -> int:
+        return sum(p.numel() for p in self.model.parameters())
+
+    def quantization_level(self) -> str:
+        return str(next(self.model.parameters()).dtype).removeprefix("torch.").upper().replace("FLOAT", "F")
+
+    def weight_files(self) -> list[Path]:
+        return sorted(self.base_path.glob("*.safetensors")) if self.base_path else []
 
     def load_adapter(self, name: str, path: Path) -> None:
         from peft import PeftModel
