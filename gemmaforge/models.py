@@ -111,7 +111,10 @@ def fast_last_position_logits(model: Any) -> Any:
             return (x.new_empty(x.shape).copy_(x), *args[1:])
         return None
 
-    model.get_output_embeddings().register_forward_pre_hook(standard_layout)
+    output = model.get_output_embeddings()
+    if not getattr(output, "_gemmaforge_standard_layout", False):  # once, however many engines share the model
+        output.register_forward_pre_hook(standard_layout)
+        output._gemmaforge_standard_layout = True
     return model
 
 

@@ -26,8 +26,8 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response, Streami
 from gemmaforge import __version__
 from gemmaforge.errors import UserError
 from gemmaforge.export.ollama import GEMMA_TERMS
+from gemmaforge.inference.jobs import Delta, Event, Failed, Finished, Job, QueueFull
 from gemmaforge.serve import protocol as p
-from gemmaforge.serve.jobs import Delta, Event, Failed, Finished, Job, QueueFull
 from gemmaforge.serve.ollama_api import OllamaDialect
 from gemmaforge.serve.openai_api import OpenAIDialect, model_object
 from gemmaforge.serve.protocol import ApiError, Dialect, Limits, bad

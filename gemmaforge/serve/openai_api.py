@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator
 from datetime import datetime
 from typing import Any
 
-from gemmaforge.serve.jobs import Delta, Event, Finished
+from gemmaforge.inference.jobs import Delta, Event, Finished
 from gemmaforge.serve.protocol import (
     OLLAMA_DEFAULTS,
     Completion,

@@ -13,7 +13,7 @@ from dataclasses import field as dataclass_field
 from typing import Any, Protocol
 
 from gemmaforge.errors import UserError
-from gemmaforge.serve.jobs import Event, Finished, Params
+from gemmaforge.inference.jobs import Event, Finished, Params
 from gemmaforge.serve.registry import Served
 from gemmaforge.templates import BOS, check_roles, render_conversation
 

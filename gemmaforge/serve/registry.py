@@ -20,11 +20,11 @@ from typing import TYPE_CHECKING, Any, cast
 
 from gemmaforge.errors import UserError
 from gemmaforge.families import FAMILIES, Family
+from gemmaforge.inference.jobs import Engine
 from gemmaforge.models import EMBEDDED_NAME, ResolvedModel, resolve_model
-from gemmaforge.serve.jobs import Engine
 
 if TYPE_CHECKING:
-    from gemmaforge.serve.transformers_engine import TransformersEngine
+    from gemmaforge.inference.transformers_engine import TransformersEngine
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}(/[A-Za-z0-9][A-Za-z0-9._-]{0,63})?(:[A-Za-z0-9._-]{1,64})?$")
 
@@ -163,7 +163,8 @@ class Registry:
         return self._register(Served(name, engine, None, base.family, base.path))
 
     def _add_gguf(self, path: Path, name: str, source: Path | None = None) -> Served:
-        from gemmaforge.serve.llamacpp_engine import LlamaCppEngine
+        from gemmaforge.export.gguf_shards import shard_set
+        from gemmaforge.inference.llamacpp_engine import LlamaCppEngine
 
         name = self._free(check_name(name))
         if not path.is_file():
@@ -172,7 +173,7 @@ class Registry:
         engine = self.engines.get(path.resolve())
         if engine is None:
             engine = self.engines[path.resolve()] = LlamaCppEngine(path, family, num_ctx=self.num_ctx,
-                                                                   max_queue=self.max_queue)
+                                                                   max_queue=self.max_queue, files=shard_set(path))
         return self._register(Served(name, engine, None, family, source or path))
 
     def _transformers_engine(self, base: ResolvedModel, reference: str) -> TransformersEngine:
@@ -224,8 +225,8 @@ class Registry:
 def _load_transformers(base: ResolvedModel, reference: str, registry: Registry) -> TransformersEngine:
     import torch
 
+    from gemmaforge.inference.transformers_engine import TransformersEngine
     from gemmaforge.models import load_causal_lm, load_tokenizer
-    from gemmaforge.serve.transformers_engine import TransformersEngine
     from gemmaforge.train.precision import resolve_precision
 
     dtype = torch.bfloat16 if resolve_precision(registry.dtype, base.family) == "bf16" else torch.float32

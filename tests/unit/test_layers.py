@@ -16,6 +16,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
               "gemmaforge.model_spec", "gemmaforge.models", "gemmaforge.gguf_file")),
     ("system", ("gemmaforge.system",)),
     ("training library", ("gemmaforge.train",)),
+    ("inference", ("gemmaforge.inference",)),
     ("data stage", ("gemmaforge.data",)),
     ("train stage", ("gemmaforge.train.trainer", "gemmaforge.train.troubleshoot")),
     ("export stage", ("gemmaforge.export",)),

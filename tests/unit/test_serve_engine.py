@@ -11,9 +11,9 @@ import pytest
 import torch
 
 from gemmaforge.families import FAMILIES
-from gemmaforge.serve.jobs import Answer, Delta, Event, Finished, Job, Params, TextStream
-from gemmaforge.serve.sampling import choose_token, new_generator
-from gemmaforge.serve.transformers_engine import TransformersEngine
+from gemmaforge.inference.jobs import Answer, Delta, Event, Finished, Job, Params, TextStream
+from gemmaforge.inference.sampling import choose_token, new_generator
+from gemmaforge.inference.transformers_engine import TransformersEngine
 
 
 class RecordingEngine(TransformersEngine):

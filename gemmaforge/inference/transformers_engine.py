@@ -23,9 +23,9 @@ from typing import Any
 import torch
 
 from gemmaforge.families import Family
+from gemmaforge.inference.jobs import Answer, Finished, Job, QueueFull, TextStream
+from gemmaforge.inference.sampling import choose_token, new_generator
 from gemmaforge.models import fast_last_position_logits
-from gemmaforge.serve.jobs import Answer, Finished, Job, QueueFull, TextStream
-from gemmaforge.serve.sampling import choose_token, new_generator
 
 
 @dataclass

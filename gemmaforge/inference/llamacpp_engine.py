@@ -13,17 +13,19 @@ import time
 from pathlib import Path
 
 from gemmaforge.families import Family
-from gemmaforge.serve.jobs import Answer, Finished, Job, QueueFull, TextStream
+from gemmaforge.inference.jobs import Answer, Finished, Job, QueueFull, TextStream
 
 
 class LlamaCppEngine:
     kind = "llamacpp"
 
-    def __init__(self, gguf: Path, family: Family, *, num_ctx: int = 4096, max_queue: int = 64):
+    def __init__(self, gguf: Path, family: Family, *, num_ctx: int = 4096, max_queue: int = 64,
+                 files: list[Path] | None = None):
         import llama_cpp
 
         self.llm = llama_cpp.Llama(model_path=str(gguf), n_ctx=num_ctx, n_threads=os.cpu_count(), verbose=False)
         self.family, self.num_ctx, self.path = family, num_ctx, gguf
+        self.files = files or [gguf]  # every shard of a split file (llama.cpp opens the first)
         self.stops = {self.llm.token_eos(), *(self.encode(s)[0] for s in family.stop)}
         self._jobs: queue.Queue[Job | None] = queue.Queue(maxsize=max_queue)
         self._busy = 0
@@ -56,9 +58,7 @@ class LlamaCppEngine:
         return match[1].upper() if match else ""
 
     def weight_files(self) -> list[Path]:
-        from gemmaforge.export.gguf_shards import shard_set
-
-        return shard_set(self.path)
+        return self.files
 
     def close(self) -> None:
         self._closed = True

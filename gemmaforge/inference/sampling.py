@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from gemmaforge.serve.jobs import Params
+from gemmaforge.inference.jobs import Params
 
 
 def new_generator(seed: int | None) -> torch.Generator:
