@@ -174,13 +174,15 @@ def create_app(registry: Registry, *, api_key: str | None = None, max_tokens: in
         text, end = await collect(stream)
         return JSONResponse(dialect.whole(completion, text, end))
 
-    @app.post("/api/generate")
-    async def generate(request: Request) -> Response:
-        return await complete(request, OLLAMA, chat=False)
+    def completion_route(dialect: Dialect, chat: bool) -> Any:
+        async def route(request: Request) -> Response:
+            return await complete(request, dialect, chat)
 
-    @app.post("/api/chat")
-    async def chat(request: Request) -> Response:
-        return await complete(request, OLLAMA, chat=True)
+        return route
+
+    for path, dialect, chat in (("/api/generate", OLLAMA, False), ("/api/chat", OLLAMA, True),
+                                ("/v1/chat/completions", OPENAI, True), ("/v1/completions", OPENAI, False)):
+        app.post(path)(completion_route(dialect, chat))
 
     # ------------------------------------------------------------------ OpenAI
 
@@ -191,14 +193,6 @@ def create_app(registry: Registry, *, api_key: str | None = None, max_tokens: in
     @app.get("/v1/models/{name:path}")
     async def model(name: str) -> dict[str, Any]:
         return model_object(served_or_404(name))
-
-    @app.post("/v1/chat/completions")
-    async def chat_completions(request: Request) -> Response:
-        return await complete(request, OPENAI, chat=True)
-
-    @app.post("/v1/completions")
-    async def completions(request: Request) -> Response:
-        return await complete(request, OPENAI, chat=False)
 
     # ------------------------------------------------------------------ adapters at runtime (vLLM's routes)
 
