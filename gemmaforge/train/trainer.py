@@ -64,7 +64,7 @@ def training_arguments(config: RunConfig, run: RunDir, precision: str, has_val: 
         eval_steps=t.eval_steps or t.save_steps,
         load_best_model_at_end=t.load_best_model_at_end and evaluate != "no",
         metric_for_best_model=t.metric_for_best_model,
-        greater_is_better=not t.metric_for_best_model.endswith("loss"),
+        greater_is_better=False,  # both accepted metrics are the loss
         **checkpointing_arguments(t.gradient_checkpointing),
         dataloader_num_workers=t.dataloader_num_workers,
         bf16=precision == "bf16",

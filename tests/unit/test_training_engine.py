@@ -287,7 +287,7 @@ def test_every_training_arguments_name_of_the_train_section_reaches_training_arg
         "num_train_epochs": 2, "per_device_train_batch_size": 3, "gradient_accumulation_steps": 4,
         "learning_rate": 1e-3, "lr_scheduler_type": "cosine", "warmup_ratio": 0.1, "weight_decay": 0.01,
         "max_grad_norm": 0.5, "logging_steps": 7, "eval_strategy": "epoch", "save_strategy": "epoch",
-        "save_total_limit": 3, "load_best_model_at_end": True, "metric_for_best_model": "eval_accuracy",
+        "save_total_limit": 3, "load_best_model_at_end": True, "metric_for_best_model": "loss",
         "gradient_checkpointing": True, "dataloader_num_workers": 2, "report_to": "tensorboard", "seed": 7})
     args = training_arguments(by_epoch, run, "fp32", has_val=True)
     assert (args.num_train_epochs, args.per_device_train_batch_size, args.gradient_accumulation_steps) == (2, 3, 4)
@@ -296,7 +296,7 @@ def test_every_training_arguments_name_of_the_train_section_reaches_training_arg
     assert args.get_warmup_steps(1000) == 100  # the ratio, of the steps the run will take
     assert (args.logging_steps, args.eval_strategy, args.save_strategy) == (7, "epoch", "epoch")
     assert args.save_total_limit == 3
-    assert args.load_best_model_at_end and args.metric_for_best_model == "eval_accuracy" and args.greater_is_better
+    assert args.load_best_model_at_end and args.metric_for_best_model == "loss" and not args.greater_is_better
     assert getattr(args, next(iter(checkpointing_arguments(True)))) is True
     assert (args.dataloader_num_workers, args.report_to, args.seed) == (2, ["tensorboard"], 7)
     assert os.environ["TENSORBOARD_LOGGING_DIR"] == str(run.root / "tensorboard")
