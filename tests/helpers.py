@@ -110,7 +110,8 @@ def reference_answer_to_ids(registry, name: str, ids: list[int], n: int) -> str:
     served = registry.get(name)
     engine = served.engine
     with engine._model_lock, torch.inference_mode(), ExitStack() as stack:
-        if served.adapter:
+        if served.adapter:  # the engine may have left the adapter layers switched off (a base step)
+            engine.peft.base_model.enable_adapter_layers()
             engine.peft.set_adapter(served.adapter)
         elif engine.peft is not None:  # the base model's layers hold the adapters: switch them off
             stack.enter_context(engine.peft.disable_adapter())

@@ -1,6 +1,7 @@
 """The eval stage: the base model and the tuned model on the same loss, suite and retention probes.
 
-One model is loaded: the base with the run's adapter; the base answers with the adapter disabled. With
+One model is loaded, in the inference engine `serve` runs, with the run's adapter beside it: the base answers
+and scores with the adapter disabled, the tuned model with it, all on the engine's thread. With
 the llama.cpp engine the tuned answers come from the exported GGUF itself (what Ollama will run), and
 the merged model's answers (the adapter in transformers) are kept to report how far the two agree.
 """
@@ -8,23 +9,15 @@ the merged model's answers (the adapter in transformers) are kept to report how 
 from __future__ import annotations
 
 import time
-from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gemmaforge.config import EvalConfig, RunConfig
 from gemmaforge.console import console
 from gemmaforge.data.prepare import read_prepared
 from gemmaforge.errors import UserError
-from gemmaforge.evaluate.generate import (
-    Generation,
-    Generator,
-    LlamaCppGenerator,
-    Sampling,
-    TransformersGenerator,
-    prompt_ids,
-)
+from gemmaforge.evaluate.generate import EngineGenerator, Generation, Sampling, prompt_ids
 from gemmaforge.evaluate.metrics import reference_scores
 from gemmaforge.evaluate.scoring import (
     Probe,
@@ -38,9 +31,11 @@ from gemmaforge.evaluate.suite import Case, load_suite, val_sample_suite
 from gemmaforge.export.gguf_shards import exports_in, gguf_parts
 from gemmaforge.export.ollama import deployed_quant
 from gemmaforge.families import Family
-from gemmaforge.models import ResolvedModel, fast_last_position_logits, load_causal_lm, load_tokenizer
+from gemmaforge.models import ResolvedModel, load_causal_lm, load_tokenizer
 from gemmaforge.runs import RunDir
-from gemmaforge.train.template_tokens import use_sparse_template_tokens
+
+if TYPE_CHECKING:
+    from gemmaforge.inference.transformers_engine import TransformersEngine
 
 PROBE_TOKENS = 48  # probe answers are a word or a number; a short limit keeps retention cheap
 
@@ -55,7 +50,9 @@ class Answers:
 def evaluate(run: RunDir, config: RunConfig, base: ResolvedModel) -> dict[str, Any]:
     """Everything results.json holds (see report.py for the files)."""
     import torch
-    from peft import PeftModel
+
+    from gemmaforge.inference.llamacpp_engine import LlamaCppEngine
+    from gemmaforge.inference.transformers_engine import TransformersEngine
 
     ec = config.eval
     adapter = run.require(run.adapter_dir / "adapter_config.json", "train").parent
@@ -67,33 +64,28 @@ def evaluate(run: RunDir, config: RunConfig, base: ResolvedModel) -> dict[str, A
     gguf = deployed_gguf(run, config) if ec.engine == "llamacpp" else None
     family = base.family
     tokenizer = load_tokenizer(adapter)
-    model = PeftModel.from_pretrained(fast_last_position_logits(load_causal_lm(base.path, base.spec, torch.float32)),
-                                      adapter)
-    use_sparse_template_tokens(model)  # PEFT's own forward rebuilds the 262k-row output layer at every token
     probes = retention_probes() if ec.retention else []
     probe_chats = [probe_conversation(p, system) for p in probes]
+    chats = [*(c.messages for c in cases), *probe_chats]
+    num_ctx = max(len(prompt_ids(tokenizer, family, chat)) for chat in chats) + ec.max_new_tokens + 1
     sampling = Sampling(ec.max_new_tokens, ec.do_sample, ec.temperature, ec.top_p, ec.seed)
-    transformers_engine = TransformersGenerator(model, tokenizer, family, ec.batch_size)
-    val_examples = _encode(val, tokenizer, family, config)
-    general = general_text_examples(tokenizer, config.train.cutoff_len) if ec.retention else []
-
-    sides: dict[str, dict[str, Any]] = {}
-    answers: dict[str, Answers] = {}
-    for side in ("base", "tuned"):
-        with model.disable_adapter() if side == "base" else nullcontext():
-            console.print(f"[bold]eval[/]: {side} model: loss, {len(cases)} cases, {len(probes)} retention probes ...")
-            loss = mean_loss(model, val_examples, tokenizer.pad_token_id, ec.batch_size)
-            general_loss = mean_loss(model, general, tokenizer.pad_token_id, ec.batch_size) if general else None
-            answers[side] = answer_all(transformers_engine, cases, probe_chats, sampling)
-        sides[side] = {"eval_loss": _round(loss), "perplexity": perplexity(loss),
-                       "general_text_perplexity": perplexity(general_loss)}
+    # the engine serve runs, in fp32, the run's adapter loaded by name: base answers name no adapter
+    engine = TransformersEngine(load_causal_lm(base.path, base.spec, torch.float32), tokenizer, family,
+                                max_batch=ec.batch_size, max_queue=len(chats), num_ctx=num_ctx)
+    try:
+        engine.load_adapter("tuned", adapter)
+        sides, answers = _base_and_tuned(engine, cases, probe_chats, sampling, config, val, tokenizer)
+    finally:
+        engine.close()
     agreement = None
     if gguf is not None:
         console.print(f"[bold]eval[/]: tuned answers from {gguf} (llama.cpp) ...")
-        longest = max(len(prompt_ids(tokenizer, family, chat)) for chat in [*(c.messages for c in cases), *probe_chats])
-        engine = LlamaCppGenerator(gguf, tokenizer, family, n_ctx=longest + ec.max_new_tokens)
-        merged = answers["tuned"]
-        answers["tuned"] = answer_all(engine, cases, probe_chats, sampling)
+        llama = LlamaCppEngine(gguf, family, num_ctx=num_ctx, max_queue=len(chats))
+        try:
+            merged = answers["tuned"]
+            answers["tuned"] = answer_all(EngineGenerator(llama, tokenizer), cases, probe_chats, sampling)
+        finally:
+            llama.close()
         agreement = agreement_summary(merged.suite, answers["tuned"].suite, gguf)
     for side in sides:
         sides[side].update(answer_summary(cases, answers[side], probes))
@@ -115,6 +107,26 @@ def evaluate(run: RunDir, config: RunConfig, base: ResolvedModel) -> dict[str, A
             for i, p in enumerate(probes)
         ],
     }
+
+
+def _base_and_tuned(engine: TransformersEngine, cases: list[Case], probe_chats: list[list[dict[str, str]]],
+                    sampling: Sampling, config: RunConfig, val: list[list[dict[str, str]]], tokenizer: Any,
+                    ) -> tuple[dict[str, dict[str, Any]], dict[str, Answers]]:
+    """Loss, perplexities and answers of the base model (the adapter disabled) and the tuned one."""
+    ec = config.eval
+    val_examples = _encode(val, tokenizer, engine.family, config)
+    general = general_text_examples(tokenizer, config.train.cutoff_len) if ec.retention else []
+    sides: dict[str, dict[str, Any]] = {}
+    answers: dict[str, Answers] = {}
+    for side, adapter in (("base", None), ("tuned", "tuned")):
+        console.print(f"[bold]eval[/]: {side} model: loss, {len(cases)} cases, {len(probe_chats)} retention probes ...")
+        loss = engine.call(lambda model: mean_loss(model, val_examples, tokenizer.pad_token_id, ec.batch_size), adapter)
+        general_loss = engine.call(lambda model: mean_loss(model, general, tokenizer.pad_token_id, ec.batch_size),
+                                   adapter) if general else None
+        answers[side] = answer_all(EngineGenerator(engine, tokenizer, adapter), cases, probe_chats, sampling)
+        sides[side] = {"eval_loss": _round(loss), "perplexity": perplexity(loss),
+                       "general_text_perplexity": perplexity(general_loss)}
+    return sides, answers
 
 
 def suite_cases(ec: EvalConfig, val: list[list[dict[str, str]]], system: str | None) -> tuple[list[Case], str]:
@@ -155,7 +167,7 @@ def _encode(val: list[list[dict[str, str]]], tokenizer: Any, family: Family, con
     return examples
 
 
-def answer_all(engine: Generator, cases: list[Case], probe_chats: list[list[dict[str, str]]],
+def answer_all(engine: EngineGenerator, cases: list[Case], probe_chats: list[list[dict[str, str]]],
                sampling: Sampling) -> Answers:
     start = time.perf_counter()
     suite = engine.generate([c.messages for c in cases], sampling)

@@ -60,6 +60,7 @@ class Job:
     params: Params
     adapter: str | None  # None: the base model
     loop: asyncio.AbstractEventLoop
+    stream: bool = True  # False: the text comes as one Delta before Finished (one wake-up of `loop`, not one a token)
     events: asyncio.Queue[Event] = field(default_factory=asyncio.Queue)
     cancelled: threading.Event = field(default_factory=threading.Event)
 
@@ -87,6 +88,7 @@ class Answer:
     prompt_ns: int = 0
     started_ns: int = field(default_factory=time.perf_counter_ns)
     tokens: int = 0  # generated, the stop token excluded
+    held: list[str] = field(default_factory=list)  # the text of a job that does not stream, until it finishes
 
     def accept(self, token: int, stops: set[int]) -> bool:
         """Record `token`; True when the answer is finished (and Finished was sent)."""
@@ -96,8 +98,7 @@ class Answer:
             return self.finish("stop")
         self.tokens += 1
         delta, hit_stop_string = self.stream.push(token)
-        if delta:
-            self.job.emit(Delta(delta))
+        self._send(delta)
         if hit_stop_string:
             return self.finish("stop", flush=False)
         if self.tokens >= self.job.params.max_tokens or len(self.job.prompt_ids) + self.tokens >= self.num_ctx:
@@ -106,11 +107,20 @@ class Answer:
 
     def finish(self, reason: str, flush: bool = True) -> bool:
         """Send what text was held back (unless a stop string ended it), then Finished."""
-        if flush and reason != "cancelled" and (rest := self.stream.flush()):
-            self.job.emit(Delta(rest))
+        if flush and reason != "cancelled":
+            self._send(self.stream.flush())
+        if self.held:
+            self.job.emit(Delta("".join(self.held)))
         self.job.emit(Finished(reason, len(self.job.prompt_ids), self.tokens, self.prompt_ns,
                                time.perf_counter_ns() - self.started_ns))
         return True
+
+
+    def _send(self, text: str) -> None:
+        if text and self.job.stream:
+            self.job.emit(Delta(text))
+        elif text:
+            self.held.append(text)
 
 
 class QueueFull(Exception):

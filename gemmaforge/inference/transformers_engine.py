@@ -2,8 +2,9 @@
 every running request at each decoding step.
 
 Requests on the same adapter decode together as one batch whose KV cache lives on a shared, left-padded
-timeline: a new request is prefilled alone and joins the batch at the next step (its cache padded on the
-left to the batch's width, or the batch's to its); a finished or disconnected request leaves at once.
+timeline: the requests that arrive between two steps are prefilled together (one left-padded forward per
+`max_prefill_tokens`) and join the batch at the next step (their cache padded on the left to the batch's
+width, or the batch's to theirs); a finished or disconnected request leaves at once.
 Requests on different adapters form separate batches that take turns step by step (PEFT switches the
 active adapter between steps, so every adapter kind, trained token rows included, computes exactly what
 it computes alone).
@@ -16,9 +17,10 @@ import itertools
 import threading
 import time
 from collections import deque
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, TypeVar
 
 import torch
 
@@ -26,6 +28,8 @@ from gemmaforge.families import Family
 from gemmaforge.inference.jobs import Answer, Finished, Job, QueueFull, TextStream
 from gemmaforge.inference.sampling import choose_token, new_generator
 from gemmaforge.models import fast_last_position_logits
+
+T = TypeVar("T")
 
 
 @dataclass
@@ -54,19 +58,23 @@ class TransformersEngine:
     kind = "transformers"
 
     def __init__(self, model: Any, tokenizer: Any, family: Family, *, max_batch: int = 16, max_queue: int = 64,
-                 num_ctx: int = 4096, base_path: Path | None = None, base_name: str | None = None):
+                 num_ctx: int = 4096, max_prefill_tokens: int = 4096, base_path: Path | None = None,
+                 base_name: str | None = None):
         self.model, self.tokenizer, self.family = fast_last_position_logits(model.eval()), tokenizer, family
         self.base_path, self.base_name = base_path, base_name  # the folder loaded, as the user named it
         self.device = next(model.parameters()).device
         self.peft: Any = None  # the PeftModel once an adapter is loaded
+        self._tuner_layer: Any = None  # one of PEFT's adapter layers, once an adapter is loaded (see _use)
         self.adapters: dict[str, Path] = {}
         self.max_batch, self.max_queue, self.num_ctx = max_batch, max_queue, num_ctx
+        self.max_prefill_tokens = max_prefill_tokens  # padded prompt tokens in one prefill forward (its memory)
         self.stops = {tokenizer.eos_token_id, *tokenizer.convert_tokens_to_ids(list(family.stop))}
         # transformers 5.x renamed `past_key_values` to `cache` (the old name warns, then goes in 5.40)
         self._cache_kw = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
         self._waiting: deque[Job] = deque()
         self._admitted: set[int] = set()  # ids of jobs taken from the queue and not yet in a batch (prefill)
         self._batches: dict[str | None, _Batch] = {}
+        self._calls: deque[tuple[Callable[[Any], Any], str | None, Future[Any]]] = deque()  # see call()
         self._wake = threading.Condition()
         self._model_lock = threading.Lock()  # adapter loading vs. a step in flight
         self._closed = False
@@ -90,6 +98,7 @@ class TransformersEngine:
 
     def load_adapter(self, name: str, path: Path) -> None:
         from peft import PeftModel
+        from peft.tuners.tuners_utils import BaseTunerLayer
 
         from gemmaforge.train.template_tokens import use_sparse_template_tokens
 
@@ -100,6 +109,7 @@ class TransformersEngine:
                 self.peft.load_adapter(path, adapter_name=name, is_trainable=False)
             use_sparse_template_tokens(self.peft)
             self.adapters[name] = path
+            self._tuner_layer = next(m for m in self.peft.modules() if isinstance(m, BaseTunerLayer))
 
     def unload_adapter(self, name: str) -> None:
         with self._model_lock:  # between steps: its requests end now, and new ones can no longer name it
@@ -119,6 +129,18 @@ class TransformersEngine:
                 raise QueueFull(f"{len(self._waiting)} requests are waiting")
             self._waiting.append(job)
             self._wake.notify()
+
+    def call(self, fn: Callable[[Any], T], adapter: str | None = None) -> T:
+        """fn(model) computed on the engine's thread between two steps, with `adapter` (None: the base model),
+        under inference mode. A caller's own forward passes (eval's loss) run where the engine's run: torch
+        work done on the caller's thread slowed the engine's next steps by a fifth on a 2-core CPU."""
+        done: Future[T] = Future()
+        with self._wake:
+            if self._closed:
+                raise RuntimeError("the model was unloaded")
+            self._calls.append((fn, adapter, done))
+            self._wake.notify()
+        return done.result()
 
     def running(self) -> int:
         with self._wake:
@@ -149,24 +171,38 @@ class TransformersEngine:
     # ------------------------------------------------------------------ the scheduler
 
     def _loop(self) -> None:
+        # this thread's own intra-op setting: without it a step took 30% longer on a 2-core CPU
+        # (benchmarks/eval_generation.py), although get_num_threads() reads the same number either way
+        torch.set_num_threads(torch.get_num_threads())
         turns = itertools.count()
         while True:
             with self._wake:
-                while not self._closed and not self._waiting and not any(b.rows for b in self._batches.values()):
+                while (not self._closed and not self._waiting and not self._calls
+                       and not any(b.rows for b in self._batches.values())):
                     self._wake.wait()
                 if self._closed:
+                    for _fn, _adapter, done in self._calls:
+                        done.set_exception(RuntimeError("the model was unloaded"))
                     return
                 room = self.max_batch - sum(len(b.rows) for b in self._batches.values())
                 admitted = [self._waiting.popleft() for _ in range(min(room, len(self._waiting)))]
                 self._admitted = {id(job) for job in admitted}
+                calls, self._calls = self._calls, deque()
             with self._model_lock, torch.inference_mode():
-                for job in admitted:
+                for fn, adapter, done in calls:
                     try:
-                        self._prefill(job)
-                    except Exception as e:  # noqa: BLE001  (a fault ends this request with an error, not the engine)
+                        self._use(adapter)
+                        done.set_result(fn(self.model))
+                    except Exception as e:  # noqa: BLE001  (the caller gets the error; the engine goes on)
+                        done.set_exception(e)
+                for adapter, group in self._prefill_groups(admitted):
+                    try:
+                        self._prefill(adapter, group)
+                    except Exception as e:  # noqa: BLE001  (a fault ends these requests with an error, not the engine)
                         with self._wake:
-                            self._admitted.discard(id(job))
-                        job.fail(e)
+                            self._admitted -= {id(job) for job in group}
+                        for job in group:
+                            job.fail(e)
                 self._end_cancelled()
                 active = [a for a, b in self._batches.items() if b.rows]
                 if active:  # one step for one adapter's batch, adapters in turn
@@ -180,41 +216,83 @@ class TransformersEngine:
     def _forward(self, adapter: str | None, cache: Any, **inputs: Any) -> torch.Tensor:
         """Last-position logits (B, vocab) in float32, computed with `adapter` (None: the base model)."""
         inputs[self._cache_kw] = cache
-        if self.peft is None:
-            out = self.model(**inputs, use_cache=True, logits_to_keep=1)
-        elif adapter is None:
-            with self.peft.disable_adapter():
-                out = self.peft(**inputs, use_cache=True, logits_to_keep=1)
-        else:
-            self.peft.set_adapter(adapter)
-            out = self.peft(**inputs, use_cache=True, logits_to_keep=1)
+        self._use(adapter)  # the LoRA layers sit inside self.model: it is called as generate calls it
+        out = self.model(**inputs, use_cache=True, logits_to_keep=1)
         return out.logits[:, -1].float().cpu()
 
-    def _prefill(self, job: Job) -> None:
+    def _use(self, adapter: str | None) -> None:
+        """Make self.model compute with `adapter` (None: the base model, every adapter disabled). PEFT is
+        switched only when one of its layers says otherwise (it switches them all together): its
+        disable_adapter() context surveys every layer on each entry, which made each base step slower."""
+        if self.peft is None:
+            return
+        layer = self._tuner_layer
+        if adapter is None:
+            if not layer.disable_adapters:
+                self.peft.base_model.disable_adapter_layers()
+            return
+        if layer.disable_adapters:
+            self.peft.base_model.enable_adapter_layers()
+        if layer.active_adapters != [adapter]:
+            self.peft.set_adapter(adapter)
+
+    def _prefill_groups(self, jobs: list[Job]) -> list[tuple[str | None, list[Job]]]:
+        """`jobs` as prefill forwards: by adapter, then in order of prompt length (less padding), each group
+        at most `max_prefill_tokens` once padded (a longer prompt goes alone). Cancelled jobs end here."""
+        by_adapter: dict[str | None, list[Job]] = {}
+        for job in jobs:
+            if job.cancelled.is_set():
+                with self._wake:
+                    self._admitted.discard(id(job))
+                job.emit(Finished("cancelled", len(job.prompt_ids), 0, 0, 0))
+            else:
+                by_adapter.setdefault(job.adapter, []).append(job)
+        groups: list[tuple[str | None, list[Job]]] = []
+        for adapter, waiting in by_adapter.items():
+            group: list[Job] = []
+            for job in sorted(waiting, key=lambda j: len(j.prompt_ids)):  # each job is the group's longest so far
+                if group and (len(group) + 1) * len(job.prompt_ids) > self.max_prefill_tokens:
+                    groups.append((adapter, group))
+                    group = []
+                group.append(job)
+            groups.append((adapter, group))
+        return groups
+
+    def _prefill(self, adapter: str | None, jobs: list[Job]) -> None:
+        """One forward over the prompts of `jobs`, left-padded to the longest; each job's first token is
+        chosen and the rows that go on join `adapter`'s batch."""
         from transformers import DynamicCache
 
-        if job.cancelled.is_set():
-            with self._wake:
-                self._admitted.discard(id(job))
-            job.emit(Finished("cancelled", len(job.prompt_ids), 0, 0, 0))
-            return
         start = time.perf_counter_ns()
-        n = len(job.prompt_ids)
-        cache = DynamicCache()  # full-length layers: the sliding window is applied by the attention mask
+        width = max(len(job.prompt_ids) for job in jobs)
         on = {"device": self.device}
-        logits = self._forward(job.adapter, cache, input_ids=torch.tensor([job.prompt_ids], **on),
-                               attention_mask=torch.ones((1, n), dtype=torch.long, **on),
-                               position_ids=torch.arange(n, **on)[None], cache_position=torch.arange(n, **on))
+        ids = torch.zeros((len(jobs), width), dtype=torch.long)  # the padding is masked: any id will do
+        mask = torch.zeros((len(jobs), width), dtype=torch.long)
+        for i, job in enumerate(jobs):  # left padding: every prompt ends in the last column
+            ids[i, width - len(job.prompt_ids):] = torch.tensor(job.prompt_ids)
+            mask[i, width - len(job.prompt_ids):] = 1
+        ids, mask = ids.to(self.device), mask.to(self.device)
+        positions = (mask.cumsum(dim=1) - 1).clamp(min=0)
+        cache = DynamicCache()  # full-length layers: the sliding window is applied by the attention mask
+        logits = self._forward(adapter, cache, input_ids=ids, attention_mask=mask, position_ids=positions,
+                               cache_position=torch.arange(width, **on))
         now = time.perf_counter_ns()
-        answer = Answer(job, TextStream(self._decode, job.params.stop), self.num_ctx, prompt_ns=now - start,
-                        started_ns=now)
-        row = _Running(answer, new_generator(job.params.seed), list(job.prompt_ids))
-        single = _Batch([row], cache, torch.ones((1, n), dtype=torch.long, **on), torch.tensor([n], **on),
-                        torch.tensor([0], **on))
-        with self._wake:  # the first token is sent as the job joins its batch: running() never misses it
-            self._admitted.discard(id(job))
-            if not self._accept(row, choose_token(logits[0], job.params, row.history, row.generator)):
-                self._batches[job.adapter] = _join(self._batches.get(job.adapter), single, row.history[-1])
+        rows = [_Running(Answer(job, TextStream(self._decode, job.params.stop), self.num_ctx, prompt_ns=now - start,
+                                started_ns=now), new_generator(job.params.seed), list(job.prompt_ids))
+                for job in jobs]
+        new = _Batch(rows, cache, mask, positions[:, -1] + 1, torch.zeros(len(jobs), dtype=torch.long, **on))
+        with self._wake:  # the first tokens are sent as the jobs join their batch: running() never misses one
+            self._admitted -= {id(job) for job in jobs}
+            keep = []
+            for i, row in enumerate(rows):
+                token = choose_token(logits[i], row.job.params, row.history, row.generator)
+                if not self._accept(row, token):
+                    new.last[i] = token
+                    keep.append(i)
+            if len(keep) < len(rows):
+                _select(new, keep)
+            if new.rows:
+                self._batches[adapter] = _join(self._batches.get(adapter), new)
 
     def _step(self, adapter: str | None) -> None:
         batch = self._batches[adapter]
@@ -258,10 +336,9 @@ class TransformersEngine:
         return self.tokenizer.decode(ids, skip_special_tokens=True)
 
 
-def _join(batch: _Batch | None, new: _Batch, token: int) -> _Batch:
-    """`new` (one prefilled row whose first answer token is `token`) added to `batch`, both padded on the
-    left to a common width so that every row's latest token sits in the last column."""
-    new.last[0] = token
+def _join(batch: _Batch | None, new: _Batch) -> _Batch:
+    """`new` (prefilled rows) added to `batch`, both padded on the left to a common width so that every
+    row's latest token sits in the last column."""
     if batch is None or not batch.rows:
         return new
     width, new_width = batch.mask.shape[1], new.mask.shape[1]

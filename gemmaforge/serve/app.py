@@ -86,9 +86,10 @@ def create_app(registry: Registry, *, api_key: str | None = None, max_tokens: in
             raise ApiError(404, f"model '{name}' not found", "not_found_error")
         return served
 
-    async def events(served: Served, ids: list[int], params: p.Params, request: Request) -> AsyncIterator[Event]:
+    async def events(served: Served, ids: list[int], params: p.Params, request: Request,
+                     stream: bool) -> AsyncIterator[Event]:
         """Submit a job and yield its events; a disconnected client or the timeout cancels it."""
-        job = Job(ids, params, served.adapter, asyncio.get_running_loop())
+        job = Job(ids, params, served.adapter, asyncio.get_running_loop(), stream)
         try:
             served.engine.submit(job)
         except QueueFull as e:
@@ -167,7 +168,8 @@ def create_app(registry: Registry, *, api_key: str | None = None, max_tokens: in
         if isinstance(completion, dict):  # answered without generating
             return JSONResponse(completion)
         ids = served.engine.encode(completion.prompt)
-        stream = events(served, ids, p.sampling_params(completion, limits, len(ids), registry.num_ctx), request)
+        stream = events(served, ids, p.sampling_params(completion, limits, len(ids), registry.num_ctx), request,
+                        completion.stream)
         if completion.stream:
             first = await first_event(stream)  # a full queue is still a plain 503, before the stream starts
             return StreamingResponse(dialect.stream(completion, prepend(first, stream)), media_type=dialect.media_type)

@@ -109,6 +109,80 @@ def test_batched_answers_equal_transformers_generate(family: str, dtype: torch.d
     assert engine.widest_batch == 3
 
 
+@pytest.mark.parametrize("split", [False, True], ids=["one-forward", "split"])
+@pytest.mark.parametrize("family", ["gemma2", "gemma3", "gemma4"])
+def test_requests_that_arrive_together_are_prefilled_together(family: str, split: bool, text_checkpoint_of) -> None:
+    """Three prompts of different lengths submitted between two steps are prefilled in one left-padded
+    forward, or, with max_prefill_tokens at twice the middle length, the two shorter together and the
+    longest alone; each answer still equals transformers' own generate for that prompt alone."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    path = text_checkpoint_of(family)
+    fam = FAMILIES[family]
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, attn_implementation=fam.attn_implementation)
+    stops = [tokenizer.eos_token_id, *tokenizer.convert_tokens_to_ids(list(fam.stop))]
+    prompts = [tokenizer(p, add_special_tokens=False).input_ids
+               for p in ("<bos>" + "coffee tea milk " * 5, "<bos>what?", "<bos>hi there, milk and tea")]
+    shortest, middle, longest = sorted(map(len, prompts))
+    assert shortest < middle < longest
+    n = 24
+    with torch.inference_mode():
+        wanted = [model.generate(torch.tensor([p]), max_new_tokens=n, do_sample=False, eos_token_id=stops)[0, len(p):]
+                  .tolist() for p in prompts]
+    groups: list[int] = []
+
+    class GroupRecordingEngine(RecordingEngine):
+        def _prefill(self, adapter: str | None, jobs: list[Job]) -> None:
+            groups.append(len(jobs))
+            super()._prefill(adapter, jobs)
+
+    engine = GroupRecordingEngine(model, tokenizer, fam, max_prefill_tokens=2 * middle if split else 4096)
+
+    async def together() -> list[Job]:
+        loop = asyncio.get_running_loop()
+        jobs = [Job(p, Params(max_tokens=n, temperature=0), None, loop) for p in prompts]
+        with engine._wake:  # held while submitting: the scheduler admits all three in one go
+            for job in jobs:
+                engine.submit(job)
+        for job in jobs:
+            while not isinstance(await job.events.get(), Finished):
+                pass
+        return jobs
+
+    try:
+        jobs = asyncio.run(together())
+    finally:
+        engine.close()
+    assert groups == ([2, 1] if split else [3])
+    assert [engine.chosen[id(job)] for job in jobs] == wanted
+
+
+def test_call_computes_on_the_engine_thread_and_returns_or_raises(text_checkpoint_of) -> None:
+    """engine.call(fn) runs fn(model) on the scheduler's thread (where eval computes its loss) and gives
+    back its result or its exception; after close it refuses."""
+    import threading
+
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    path = text_checkpoint_of("gemma3")
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    ids = torch.tensor([tokenizer("<bos>coffee tea", add_special_tokens=False).input_ids])
+    with torch.inference_mode():
+        want = model(input_ids=ids, logits_to_keep=0).logits
+    engine = TransformersEngine(model, tokenizer, FAMILIES["gemma3"])
+    try:
+        got, thread = engine.call(lambda m: (m(input_ids=ids, logits_to_keep=0).logits, threading.current_thread()))
+        assert torch.equal(got, want) and thread is engine._thread
+        with pytest.raises(ZeroDivisionError):
+            engine.call(lambda m: 1 / 0)
+    finally:
+        engine.close()
+    with pytest.raises(RuntimeError, match="unloaded"):
+        engine.call(lambda m: None)
+
+
 def test_text_stream_holds_back_stop_strings_and_split_characters() -> None:
     pieces = {1: "Hello", 2: " wor", 3: "ld", 4: "\ufffd", 5: "咖", 6: " ST", 7: "OP", 8: "after"}
 
