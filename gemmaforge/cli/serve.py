@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from gemmaforge.cli.common import Verbs, positive_int, refuse_unless
-from gemmaforge.serve.server import ServeOptions
+
+if TYPE_CHECKING:  # the server and its engines' job types load only when a model is served (--help stays quick)
+    from gemmaforge.serve.server import ServeOptions
 
 SERVE_EPILOG = """MODEL is a run directory (its adapter on its base model; runs on one base share it), a Hugging Face
 model folder, a .gguf file, or gemma3-270m; NAME=MODEL serves it under another name (default: the run's
@@ -71,7 +74,7 @@ def add_engine_options(p: argparse.ArgumentParser) -> None:
 
 def serve_options(args: argparse.Namespace) -> ServeOptions:
     """The server's options; --dtype is refused with --engine llamacpp, which runs the GGUF's own types."""
-    from gemmaforge.serve.server import api_key_from_env
+    from gemmaforge.serve.server import ServeOptions, api_key_from_env
 
     refuse_unless(args.engine != "llamacpp", {"--dtype": args.dtype},
                   "{flags} sets the transformers engine's weights; --engine llamacpp runs the GGUF file's own types")

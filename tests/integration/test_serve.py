@@ -604,9 +604,9 @@ def test_chat_cli_serves_a_folder_or_a_gguf_in_process_until_ctrl_d(client, serv
                                                                       capsys: pytest.CaptureFixture[str],
                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     """`gemmaforge chat MODEL` with typed input: one question, then end of input (Ctrl-D) leaves."""
-    import gemmaforge.cli.serve as cli_serve
+    import gemmaforge.serve.server as server_module  # where the chat verb takes its options from when it runs
 
-    monkeypatch.setattr(cli_serve, "ServeOptions", functools.partial(ServeOptions, max_tokens=8))  # a short answer
+    monkeypatch.setattr(server_module, "ServeOptions", functools.partial(ServeOptions, max_tokens=8))  # a short answer
     for target, served_as, flags in ((tiny_gemma3_dir, "base", ["--dtype", "fp32"]),
                                      (server[1].get("gguf").engine.path, "gguf", [])):
         monkeypatch.setattr("sys.stdin", io.StringIO(HI[0]["content"] + "\n"))
