@@ -3,7 +3,8 @@
 1. training text + the character spans that carry loss (`render_conversation`, `encode_for_training`),
 2. the Hugging Face jinja `chat_template` (`hf_chat_template`), also written to GGUF
    `tokenizer.chat_template`,
-3. the Ollama Go TEMPLATE with its stop strings (`ollama_template`).
+3. the Ollama Go TEMPLATE with its stop strings (`ollama_template`),
+4. the prompt that TEMPLATE renders from an API request's messages (`ollama_prompt`), which serve uses.
 
 All renderings follow the official Gemma templates: `<bos>` once, content trimmed, role `assistant`
 written `model`; Gemma 1-3 fold the system text into the first user turn, Gemma 4 gives it a turn.
@@ -188,3 +189,43 @@ def ollama_template(family: Family) -> str:
         text = "{{- $first := true }}\n" + _OLLAMA_LOOP.replace("@USER_TURN@", _OLLAMA_USER_FOLDED)
     return (text.replace("@START@", chat.turn_start).replace("@END@", chat.turn_end)
             .replace("@SEP@", chat.system_separator))
+
+
+def collate(messages: list[Message]) -> tuple[str, list[Message]]:
+    """Ollama's reading of a request's messages (its template package's collate): every system message's text
+    joined by a blank line is the system text, and consecutive messages of one role are merged into one,
+    their contents joined by a blank line."""
+    system = "\n\n".join(m["content"] for m in messages if m["role"] == "system")
+    merged: list[Message] = []
+    for message in messages:
+        if merged and merged[-1]["role"] == message["role"]:
+            merged[-1] = {"role": message["role"], "content": merged[-1]["content"] + "\n\n" + message["content"]}
+        else:
+            merged.append(dict(message))
+    return system, merged
+
+
+def ollama_prompt(messages: list[Message], family: Family) -> str:
+    """What Ollama renders from `messages` with `ollama_template(family)`, <bos> first as its runtime adds it:
+    a conversation that ends with the user's turn opens the model's; one that ends with an assistant message
+    leaves it open, so the answer continues that message. Contents are as sent (Go's template has no trim):
+    alternating turns of trimmed text render exactly as training rendered them."""
+    chat = family.chat
+    system, turns = collate(messages)
+    parts = [BOS]
+    if system and chat.system_turn:
+        parts.append(f"{chat.turn_start}system\n{system}{chat.turn_end}\n")
+    first = True
+    for i, message in enumerate(turns):
+        last = i == len(turns) - 1
+        if message["role"] == "user":
+            prefix = system + chat.system_separator if (first and system and not chat.system_turn) else ""
+            first = False
+            parts.append(f"{chat.turn_start}user\n{prefix}{message['content']}{chat.turn_end}\n")
+            if last:
+                parts.append(f"{chat.turn_start}model\n")
+        elif message["role"] == "assistant":  # system messages went into the system text
+            parts.append(f"{chat.turn_start}model\n{message['content']}")
+            if not last:
+                parts.append(f"{chat.turn_end}\n")
+    return "".join(parts)

@@ -12,10 +12,9 @@ from dataclasses import dataclass
 from dataclasses import field as dataclass_field
 from typing import Any, Protocol
 
-from gemmaforge.errors import UserError
 from gemmaforge.inference.jobs import Event, Finished, Params
 from gemmaforge.serve.registry import Served
-from gemmaforge.templates import BOS, check_roles, render_conversation
+from gemmaforge.templates import BOS, ollama_prompt
 
 # Ollama's own defaults, which Params carries
 OLLAMA_DEFAULTS = {f.name: f.default for f in dataclasses.fields(Params)
@@ -130,17 +129,14 @@ def messages_of(data: dict[str, Any], openai: bool = False) -> list[dict[str, st
 
 
 def chat_prompt(served: Served, messages: list[dict[str, str]]) -> str:
-    """The training template with its generation prompt; the served system prompt when none is given.
-    Gemma 1-3 have no system turn of their own: system text goes before the first user text, as in training."""
+    """The prompt Ollama renders from `messages` with the run's Modelfile TEMPLATE (the training template):
+    system messages anywhere, consecutive turns of one role and empty ones are taken as Ollama takes them, and a
+    final assistant message is continued. The served system prompt is used when the first message is not one."""
     if messages[0]["role"] != "system" and served.system:
         messages = [{"role": "system", "content": served.system}, *messages]
-    try:
-        check_roles(messages, "messages")
-    except UserError as e:
-        raise bad(str(e)) from None
-    if messages[-1]["role"] != "user":
-        raise bad("messages: the last message must be from the user")
-    return render_conversation(messages, served.family, add_generation_prompt=True).text
+    if all(m["role"] == "system" for m in messages):
+        raise bad("messages: there is no user or assistant message to answer")
+    return ollama_prompt(messages, served.family)
 
 
 def generate_prompt(served: Served, data: dict[str, Any]) -> str:

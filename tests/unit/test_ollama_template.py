@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from gemmaforge.families import FAMILIES
-from gemmaforge.templates import Message, ollama_template, render_conversation
+from gemmaforge.templates import BOS, Message, ollama_prompt, ollama_template, render_conversation
 
 GO_RENDERER = Path(__file__).parents[1] / "fixtures" / "gotemplate" / "main.go"
 
@@ -48,3 +48,34 @@ def test_ollama_renders_the_training_prompt(go_renderer: Path, family: str, chat
     messages = CHATS[chat]
     expected = render_conversation(messages, FAMILIES[family], add_generation_prompt=True).text
     assert go_render(go_renderer, ollama_template(FAMILIES[family]), messages) == expected.removeprefix("<bos>")
+
+
+# what clients send beyond alternating turns (Open WebUI's "continue response" ends with the assistant's message)
+REQUESTS: dict[str, list[Message]] = {
+    **CHATS,
+    "continue": [{"role": "user", "content": "Name a coffee."}, {"role": "assistant", "content": "Sure: the "}],
+    "continue-with-system": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"},
+                             {"role": "assistant", "content": "Hello"}, {"role": "user", "content": "More?"},
+                             {"role": "assistant", "content": "Yes,"}],
+    "same-role": [{"role": "user", "content": "One."}, {"role": "user", "content": "Two."},
+                  {"role": "assistant", "content": "A"}, {"role": "assistant", "content": "B"},
+                  {"role": "user", "content": "Three."}],
+    "empty": [{"role": "user", "content": ""}, {"role": "assistant", "content": ""}, {"role": "user", "content": "x"}],
+    "systems-anywhere": [{"role": "system", "content": "S1"}, {"role": "user", "content": "u1"},
+                         {"role": "system", "content": "S2"}, {"role": "assistant", "content": "a1"},
+                         {"role": "user", "content": "u2"}],
+    "system-last": [{"role": "user", "content": "Hi"}, {"role": "system", "content": "Answer in French."}],
+    "assistant-first": [{"role": "assistant", "content": "Welcome."}, {"role": "user", "content": "Hi"}],
+    "padded": [{"role": "user", "content": "  spaced  \n"}],
+}
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+@pytest.mark.parametrize("request_name", list(REQUESTS))
+def test_serve_prompts_are_what_ollama_renders(go_renderer: Path, family: str, request_name: str) -> None:
+    messages = REQUESTS[request_name]
+    prompt = ollama_prompt(messages, FAMILIES[family])
+    assert prompt.startswith(BOS)
+    assert prompt.removeprefix(BOS) == go_render(go_renderer, ollama_template(FAMILIES[family]), messages)
+    if request_name in CHATS:  # alternating turns of trimmed text: the training prompt itself
+        assert prompt == render_conversation(messages, FAMILIES[family], add_generation_prompt=True).text
