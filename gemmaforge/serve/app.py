@@ -28,7 +28,7 @@ from gemmaforge.errors import UserError
 from gemmaforge.export.ollama import GEMMA_TERMS
 from gemmaforge.inference.jobs import Delta, Event, Failed, Finished, Job, QueueFull
 from gemmaforge.serve import protocol as p
-from gemmaforge.serve.ollama_api import OllamaDialect
+from gemmaforge.serve.ollama_api import OllamaDialect, ndjson
 from gemmaforge.serve.openai_api import OpenAIDialect, model_object
 from gemmaforge.serve.protocol import ApiError, Dialect, Limits, bad
 from gemmaforge.serve.registry import Registry, Served, check_name
@@ -158,6 +158,39 @@ def create_app(registry: Registry, *, api_key: str | None = None, max_tokens: in
         if await asyncio.to_thread(registry.remove, served_or_404(name).name) is None:
             served_or_404(name)  # removed meanwhile by another request: 404 as for any unknown model
         return Response(status_code=200)
+
+    @app.post("/api/copy")
+    async def copy(request: Request) -> Response:
+        data = await body(request)
+        source, destination = p.field(data, "source", str), p.field(data, "destination", str)
+        if not source or not destination:
+            raise bad("source and destination are required")
+        served_or_404(source)
+        try:
+            await asyncio.to_thread(registry.copy, source, destination)
+        except UserError as e:
+            raise bad(str(e)) from None
+        except KeyError:  # removed meanwhile by another request
+            served_or_404(source)
+        return Response(status_code=200)
+
+    @app.post("/api/pull")
+    async def pull(request: Request) -> Response:
+        name = p.model_name(await body(request))
+        if registry.get(name) is not None:  # nothing to fetch: it is here (Ollama's answer once it has it)
+            return Response(ndjson({"status": "success"}), media_type="application/x-ndjson")
+        raise bad(f"{name}: gemmaforge serve does not pull from a model registry; it serves the run directories, "
+                  "model folders and .gguf files named on its command line (gemmaforge serve runs/NAME), and "
+                  "adapters loaded with POST /v1/load_lora_adapter")
+
+    @app.post("/api/push")
+    async def push(request: Request) -> Response:
+        served = served_or_404(p.model_name(await body(request)))
+        modelfile = served.source / "ollama" / "Modelfile"
+        how = (f"ollama create {served.name} -f {modelfile} && ollama push NAMESPACE/{served.name}"
+               if modelfile.is_file() else "gemmaforge export ollama RUN_DIR, then ollama create and ollama push")
+        raise bad(f"{served.name}: gemmaforge serve does not push to a model registry; publish the exported "
+                  f"model with Ollama itself: {how}")
 
     async def complete(request: Request, dialect: Dialect, chat: bool) -> Response:
         """Every completion route: the dialect parses the body into a Completion, the served model's engine

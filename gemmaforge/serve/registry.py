@@ -8,6 +8,7 @@ adapter sits beside it. Only safetensors and GGUF files are ever loaded (no pick
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import re
 import threading
@@ -199,6 +200,16 @@ class Registry:
         self.models[served.name] = served
         return served
 
+    def copy(self, source: str, destination: str) -> Served:
+        """Another name for a served model (Ollama's /api/copy): the same engine and adapter, listed twice."""
+        with self._lock:
+            served = self.get(source)
+            if served is None:
+                raise KeyError(source)
+            copy = dataclasses.replace(served, name=self._free(check_name(destination, "destination")))
+            self.models[copy.name] = copy
+            return copy
+
     # ------------------------------------------------------------------ removing
 
     def remove(self, name: str) -> Served | None:
@@ -211,8 +222,10 @@ class Registry:
             return served
 
     def _release(self, served: Served) -> None:
+        """Unload what no other name still serves (a copy shares its model's engine and adapter)."""
         if served.adapter is not None:
-            cast("TransformersEngine", served.engine).unload_adapter(served.adapter)
+            if not any(m.adapter == served.adapter and m.engine is served.engine for m in self.models.values()):
+                cast("TransformersEngine", served.engine).unload_adapter(served.adapter)
         elif not any(m.engine is served.engine for m in self.models.values()):
             key = next(k for k, e in self.engines.items() if e is served.engine)
             self.engines.pop(key).close()

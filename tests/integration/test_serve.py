@@ -244,6 +244,33 @@ def test_a_final_assistant_message_is_continued_and_same_role_turns_merge(client
             == client.chat(model="tiny-coffee", messages=merged, options=GREEDY).message.content)
 
 
+def test_copy_pull_and_push_answer_as_ollama_does(client) -> None:
+    """Open WebUI's model admin: a copy is another name for the same model (deleting it leaves the original and
+    its adapter served); pull and push say why this server does not and what to do instead."""
+    tuned = client.chat(model="tiny-coffee", messages=HI, options=GREEDY).message.content
+    client.copy("tiny-coffee", "barista")
+    try:
+        assert "barista:latest" in [m.model for m in client.list().models]
+        assert client.chat(model="barista", messages=HI, options=GREEDY).message.content == tuned
+        with pytest.raises(ollama.ResponseError) as e:
+            client.copy("base", "barista")
+        assert e.value.status_code == 400 and "already served" in e.value.error
+    finally:
+        client.delete("barista")
+    assert client.chat(model="tiny-coffee", messages=HI, options=GREEDY).message.content == tuned  # adapter kept
+    with pytest.raises(ollama.ResponseError) as e:
+        client.copy("nope", "other")
+    assert e.value.status_code == 404
+    assert client.pull("tiny-coffee").status == "success"
+    assert [part.status for part in client.pull("tiny-coffee", stream=True)] == ["success"]
+    with pytest.raises(ollama.ResponseError) as e:
+        client.pull("gemma3:4b")
+    assert e.value.status_code == 400 and "does not pull" in e.value.error
+    with pytest.raises(ollama.ResponseError) as e:
+        client.push("tiny-coffee")
+    assert e.value.status_code == 400 and "ollama push" in e.value.error
+
+
 def test_ollama_errors(client) -> None:
     with pytest.raises(ollama.ResponseError) as e:
         client.chat(model="nope", messages=HI)
