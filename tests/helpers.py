@@ -7,7 +7,8 @@ import json
 import os
 import subprocess
 import sys
-from contextlib import ExitStack
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
 import yaml
@@ -109,13 +110,34 @@ def reference_answer_to_ids(registry, name: str, ids: list[int], n: int) -> str:
 
     served = registry.get(name)
     engine = served.engine
+    with _as_served(served):
+        out = (engine.peft or engine.model).generate(input_ids=torch.tensor([ids]), max_new_tokens=n, do_sample=False,
+                                                     eos_token_id=sorted(engine.stops), pad_token_id=0)
+    answer = [t for t in out[0, len(ids):].tolist() if t not in engine.stops]
+    return engine.tokenizer.decode(answer, skip_special_tokens=True)
+
+
+def reference_embedding(registry, name: str, text: str) -> list[float]:
+    """The mean of transformers' own text-model output (its final norm applied) over the tokenizer's encoding of
+    `text` (<bos> first), with the served adapter: not normalised."""
+    served = registry.get(name)
+    engine = served.engine
+    with _as_served(served):
+        ids = engine.tokenizer(text, return_tensors="pt").input_ids
+        hidden = engine.model.model(input_ids=ids).last_hidden_state
+    return hidden[0].mean(dim=0).tolist()
+
+
+@contextmanager
+def _as_served(served) -> Iterator[None]:
+    """The engine's model computing as `served` does (its adapter, or none), with no engine step in between."""
+    import torch
+
+    engine = served.engine
     with engine._model_lock, torch.inference_mode(), ExitStack() as stack:
         if served.adapter:  # the engine may have left the adapter layers switched off (a base step)
             engine.peft.base_model.enable_adapter_layers()
             engine.peft.set_adapter(served.adapter)
         elif engine.peft is not None:  # the base model's layers hold the adapters: switch them off
             stack.enter_context(engine.peft.disable_adapter())
-        out = (engine.peft or engine.model).generate(input_ids=torch.tensor([ids]), max_new_tokens=n, do_sample=False,
-                                                     eos_token_id=sorted(engine.stops), pad_token_id=0)
-    answer = [t for t in out[0, len(ids):].tolist() if t not in engine.stops]
-    return engine.tokenizer.decode(answer, skip_special_tokens=True)
+        yield

@@ -29,10 +29,10 @@ ENGINE_DEFAULTS = {"engine": "transformers", "num_ctx": 4096, "dtype": "auto"}
 def add(verbs: Verbs) -> None:
     p = verbs.add_parser(
         "serve", help="Serve runs and models over the Ollama and OpenAI HTTP APIs (many LoRA adapters on one base).",
-        description="Serve runs and models over Ollama's API (/api/chat, /api/generate, /api/tags, ...) and "
-        "OpenAI's (/v1/chat/completions, /v1/completions, /v1/models), with adapters loaded and unloaded at "
-        "runtime (/v1/load_lora_adapter, /v1/unload_lora_adapter). Concurrent requests on the transformers "
-        "engine are batched at every decoding step.",
+        description="Serve runs and models over Ollama's API (/api/chat, /api/generate, /api/embed, /api/tags, ...) "
+        "and OpenAI's (/v1/chat/completions, /v1/completions, /v1/embeddings, /v1/models), with adapters loaded "
+        "and unloaded at runtime (/v1/load_lora_adapter, /v1/unload_lora_adapter). Concurrent requests on the "
+        "transformers engine are batched at every decoding step.",
         epilog=SERVE_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("models", nargs="+", metavar="[NAME=]MODEL")

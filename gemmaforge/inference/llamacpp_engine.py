@@ -11,6 +11,7 @@ import re
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 from gemmaforge.families import Family
 from gemmaforge.inference.jobs import Answer, Finished, Job, QueueFull, TextStream
@@ -30,6 +31,8 @@ class LlamaCppEngine:
         self._jobs: queue.Queue[Job | None] = queue.Queue(maxsize=max_queue)
         self._busy = 0
         self._closed = False
+        self._embedder: Any = None  # a second context in embedding mode, made on the first embeddings request
+        self._embed_lock = threading.Lock()
         self._thread = threading.Thread(target=self._loop, name="gemmaforge-llamacpp-engine", daemon=True)
         self._thread.start()
 
@@ -44,6 +47,22 @@ class LlamaCppEngine:
             self._jobs.put_nowait(job)
         except queue.Full:
             raise QueueFull(f"{self._jobs.qsize()} requests are waiting") from None
+
+    def embed(self, texts: list[str], adapter: str | None) -> tuple[list[list[float]], int]:
+        """llama.cpp's MEAN pooling over <bos> and each text's tokens, the whole context in one batch."""
+        import llama_cpp
+
+        assert adapter is None, "a GGUF file is served without adapters"
+        with self._embed_lock:
+            if self._closed:
+                raise RuntimeError("the model was unloaded")
+            if self._embedder is None:
+                self._embedder = llama_cpp.Llama(
+                    model_path=str(self.path), embedding=True, pooling_type=llama_cpp.LLAMA_POOLING_TYPE_MEAN,
+                    n_ctx=self.num_ctx, n_batch=self.num_ctx, n_ubatch=self.num_ctx, n_threads=os.cpu_count(),
+                    verbose=False)
+            vectors, tokens = self._embedder.embed(texts, truncate=True, return_count=True)
+        return vectors, tokens
 
     def running(self) -> int:
         return self._jobs.qsize() + self._busy
@@ -72,6 +91,9 @@ class LlamaCppEngine:
         self._jobs.put(None)
         self._thread.join(timeout=30)
         self.llm.close()
+        with self._embed_lock:
+            if self._embedder is not None:
+                self._embedder.close()
 
     def _loop(self) -> None:
         while (job := self._jobs.get()) is not None:

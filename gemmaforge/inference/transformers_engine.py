@@ -142,6 +142,19 @@ class TransformersEngine:
             self._wake.notify()
         return done.result()
 
+    def embed(self, texts: list[str], adapter: str | None) -> tuple[list[list[float]], int]:
+        """Mean pooling of the text model's final hidden states (after its last norm, which llama.cpp's MEAN
+        pooling reads too), one text per forward: no padding enters the mean."""
+        bos = self.tokenizer.bos_token_id
+        inputs = [[bos, *self.encode(text)][:self.num_ctx] for text in texts]
+
+        def pooled(model: Any) -> list[list[float]]:
+            decoder = model.get_decoder()
+            return [decoder(input_ids=torch.tensor([ids], device=self.device)).last_hidden_state[0]
+                    .float().mean(dim=0).cpu().tolist() for ids in inputs]
+
+        return self.call(pooled, adapter), sum(map(len, inputs))
+
     def running(self) -> int:
         with self._wake:
             return sum(len(b.rows) for b in list(self._batches.values())) + len(self._waiting) + len(self._admitted)

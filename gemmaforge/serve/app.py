@@ -27,6 +27,7 @@ from gemmaforge import __version__
 from gemmaforge.errors import UserError
 from gemmaforge.export.ollama import GEMMA_TERMS
 from gemmaforge.inference.jobs import Delta, Event, Failed, Finished, Job, QueueFull
+from gemmaforge.serve import embeddings as emb
 from gemmaforge.serve import protocol as p
 from gemmaforge.serve.ollama_api import OllamaDialect, ndjson
 from gemmaforge.serve.openai_api import OpenAIDialect, model_object
@@ -218,6 +219,35 @@ def create_app(registry: Registry, *, api_key: str | None = None, max_tokens: in
     for path, dialect, chat in (("/api/generate", OLLAMA, False), ("/api/chat", OLLAMA, True),
                                 ("/v1/chat/completions", OPENAI, True), ("/v1/completions", OPENAI, False)):
         app.post(path)(completion_route(dialect, chat))
+
+    # ------------------------------------------------------------------ embeddings (embeddings.py)
+
+    async def embed(served: Served, request: emb.EmbedRequest) -> tuple[list[list[float]], int]:
+        if not request.truncate:
+            for i, text in enumerate(request.texts):
+                if len(served.engine.encode(text)) + 1 > registry.num_ctx:  # and <bos>
+                    raise bad(f"input[{i}]: the input length exceeds the context length ({registry.num_ctx} tokens)")
+        if not request.texts:  # Ollama's way of loading a model
+            return [], 0
+        return await asyncio.to_thread(served.engine.embed, request.texts, served.adapter)
+
+    @app.post("/api/embed")
+    async def ollama_embed(request: Request) -> dict[str, Any]:
+        data = await body(request)
+        served, asked = served_or_404(p.model_name(data)), emb.ollama_request(data, legacy=False)
+        return emb.ollama_response(data["model"], asked, *await embed(served, asked), legacy=False)
+
+    @app.post("/api/embeddings")
+    async def ollama_embeddings(request: Request) -> dict[str, Any]:
+        data = await body(request)
+        served, asked = served_or_404(p.model_name(data)), emb.ollama_request(data, legacy=True)
+        return emb.ollama_response(data["model"], asked, *await embed(served, asked), legacy=True)
+
+    @app.post("/v1/embeddings")
+    async def openai_embeddings(request: Request) -> dict[str, Any]:
+        data = await body(request)
+        served, asked = served_or_404(p.model_name(data)), emb.openai_request(data)
+        return emb.openai_response(data["model"], asked, *await embed(served, asked))
 
     # ------------------------------------------------------------------ OpenAI
 

@@ -3,10 +3,12 @@ a tiny run's adapter and its base share one transformers engine; the base's GGUF
 
 from __future__ import annotations
 
+import base64
 import functools
 import io
 import json
 import shutil
+import struct
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -25,7 +27,7 @@ from gemmaforge.families import FAMILIES
 from gemmaforge.models import EMBEDDED_NAME, default_home
 from gemmaforge.serve.server import ServeOptions, background_server, load_registry
 from gemmaforge.templates import IGNORE_INDEX, encode_for_training
-from tests.helpers import reference_answer, reference_answer_to_ids, write_config
+from tests.helpers import reference_answer, reference_answer_to_ids, reference_embedding, write_config
 
 pytestmark = pytest.mark.integration
 ollama = pytest.importorskip("ollama")
@@ -285,6 +287,74 @@ def test_ollama_errors(client) -> None:
         client.generate(model="base", prompt="hi", format="json")
     assert e.value.status_code == 400 and "JSON mode" in e.value.error
     assert client.generate(model="base", prompt="").done_reason == "load"
+
+
+# ---------------------------------------------------------------------------- embeddings
+
+
+def _unit(vector: list[float]) -> list[float]:
+    norm = sum(v * v for v in vector) ** 0.5
+    return [v / norm for v in vector]
+
+
+def _cosine(a: list[float], b: list[float]) -> float:
+    return sum(x * y for x, y in zip(_unit(a), _unit(b)))
+
+
+def test_embeddings_on_both_apis_and_both_engines(client, oai, server) -> None:
+    """/api/embed (normalised, batch, dimensions, truncate), /api/embeddings (as pooled), /v1/embeddings (float
+    and the openai client's base64): the mean of transformers' own final hidden states, with the served adapter;
+    the llama.cpp engine's MEAN pooling of the same base agrees."""
+    texts = ["What is a flat white?", "冷萃咖啡"]
+    registry = server[1]
+    for name in ("base", "tiny-coffee"):
+        expected = [reference_embedding(registry, name, t) for t in texts]
+        got = client.embed(model=name, input=texts)
+        assert len(got.embeddings) == 2 and got.prompt_eval_count == sum(
+            len(registry.get(name).engine.encode(t)) + 1 for t in texts)
+        for vector, reference in zip(got.embeddings, expected):
+            assert vector == pytest.approx(_unit(reference), abs=1e-5)
+        assert client.embeddings(model=name, prompt=texts[0]).embedding == pytest.approx(expected[0], rel=1e-4,
+                                                                                          abs=1e-5)
+    assert _cosine(client.embed(model="base", input=texts[0]).embeddings[0],
+                   client.embed(model="tiny-coffee", input=texts[0]).embeddings[0]) < 1 - 1e-6  # the adapter acts
+    full = client.embed(model="base", input=texts[0]).embeddings[0]
+    assert client.embed(model="base", input=texts[0], dimensions=8).embeddings[0] == pytest.approx(_unit(full[:8]))
+    gguf = client.embed(model="gguf", input=texts).embeddings
+    for vector, reference in zip(gguf, client.embed(model="base", input=texts).embeddings):
+        assert _cosine(vector, reference) > 0.999  # llama.cpp on the f16 file against transformers in fp32
+    assert client.embed(model="base", input=[]).embeddings == []  # Ollama's way of loading a model
+    long = "espresso " * 5000
+    assert client.embed(model="base", input=long).prompt_eval_count == registry.num_ctx
+    with pytest.raises(ollama.ResponseError) as e:
+        client.embed(model="base", input=long, truncate=False)
+    assert e.value.status_code == 400 and "exceeds the context length" in e.value.error
+    expected = client.embed(model="tiny-coffee", input=texts).embeddings
+    for encoding in (None, "float", "base64"):  # unless told, the openai client asks for base64 and decodes it
+        answer = oai.embeddings.create(model="tiny-coffee", input=texts, **({"encoding_format": encoding}
+                                                                           if encoding else {}))
+        assert [d.index for d in answer.data] == [0, 1] and answer.usage.prompt_tokens > 0
+        for d, reference in zip(answer.data, expected):
+            vector = d.embedding
+            if encoding == "base64":  # asked for by name: the client hands the string over as it came
+                raw = base64.b64decode(vector)
+                vector = list(struct.unpack(f"<{len(raw) // 4}f", raw))
+            assert vector == pytest.approx(reference, abs=1e-6)
+    assert len(oai.embeddings.create(model="tiny-coffee", input=texts[0]).data[0].embedding) == len(full)
+
+
+def test_embedding_errors(client, oai) -> None:
+    with pytest.raises(ollama.ResponseError) as e:
+        client.embed(model="nope", input="hi")
+    assert e.value.status_code == 404
+    with pytest.raises(openai.BadRequestError) as oe:
+        oai.embeddings.create(model="base", input=[[1, 2, 3]])
+    assert "token ids are not supported" in oe.value.message
+    with pytest.raises(openai.BadRequestError) as oe:
+        oai.embeddings.create(model="base", input=[])
+    assert "at least one text" in oe.value.message
+    response = httpx.post(str(client._client.base_url.join("/api/embed")), json={"model": "base", "input": [1]})
+    assert response.status_code == 400 and "token ids" in response.json()["error"]
 
 
 # ---------------------------------------------------------------------------- the OpenAI client
