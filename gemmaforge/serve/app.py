@@ -2,7 +2,8 @@
 
 The four completion routes are one path (`complete`): a dialect (ollama_api.py, openai_api.py) parses the body
 into a neutral Completion (protocol.py), the served model's engine generates it, and the dialect renders the
-events back; a new API is a new dialect, not new routes' worth of generation code.
+events back; a new API is a new dialect, not new routes' worth of generation code. Ollama's model admin routes
+are in admin.py, the embedding routes' requests and answers in embeddings.py.
 
 Errors take each API's own shape ({"error": "..."} on Ollama routes, {"error": {"message", "type", ...}}
 on OpenAI routes). A request a client gets wrong is a 4xx; once a stream has started, an error is sent
@@ -29,7 +30,8 @@ from gemmaforge.export.ollama import GEMMA_TERMS
 from gemmaforge.inference.jobs import Delta, Event, Failed, Finished, Job, QueueFull
 from gemmaforge.serve import embeddings as emb
 from gemmaforge.serve import protocol as p
-from gemmaforge.serve.ollama_api import OllamaDialect, ndjson
+from gemmaforge.serve.admin import admin_routes
+from gemmaforge.serve.ollama_api import OllamaDialect
 from gemmaforge.serve.openai_api import OpenAIDialect, model_object
 from gemmaforge.serve.protocol import ApiError, Dialect, Limits, bad
 from gemmaforge.serve.registry import Registry, Served, check_name
@@ -153,45 +155,7 @@ def create_app(registry: Registry, *, api_key: str | None = None, max_tokens: in
                 "details": served.details, "model_info": {"general.architecture": served.family.gguf_arch},
                 "capabilities": ["completion"], "modified_at": served.modified_at}
 
-    @app.delete("/api/delete")
-    async def delete(request: Request) -> Response:
-        name = p.model_name(await body(request))
-        if await asyncio.to_thread(registry.remove, served_or_404(name).name) is None:
-            served_or_404(name)  # removed meanwhile by another request: 404 as for any unknown model
-        return Response(status_code=200)
-
-    @app.post("/api/copy")
-    async def copy(request: Request) -> Response:
-        data = await body(request)
-        source, destination = p.field(data, "source", str), p.field(data, "destination", str)
-        if not source or not destination:
-            raise bad("source and destination are required")
-        served_or_404(source)
-        try:
-            await asyncio.to_thread(registry.copy, source, destination)
-        except UserError as e:
-            raise bad(str(e)) from None
-        except KeyError:  # removed meanwhile by another request
-            served_or_404(source)
-        return Response(status_code=200)
-
-    @app.post("/api/pull")
-    async def pull(request: Request) -> Response:
-        name = p.model_name(await body(request))
-        if registry.get(name) is not None:  # nothing to fetch: it is here (Ollama's answer once it has it)
-            return Response(ndjson({"status": "success"}), media_type="application/x-ndjson")
-        raise bad(f"{name}: gemmaforge serve does not pull from a model registry; it serves the run directories, "
-                  "model folders and .gguf files named on its command line (gemmaforge serve runs/NAME), and "
-                  "adapters loaded with POST /v1/load_lora_adapter")
-
-    @app.post("/api/push")
-    async def push(request: Request) -> Response:
-        served = served_or_404(p.model_name(await body(request)))
-        modelfile = served.source / "ollama" / "Modelfile"
-        how = (f"ollama create {served.name} -f {modelfile} && ollama push NAMESPACE/{served.name}"
-               if modelfile.is_file() else "gemmaforge export ollama RUN_DIR, then ollama create and ollama push")
-        raise bad(f"{served.name}: gemmaforge serve does not push to a model registry; publish the exported "
-                  f"model with Ollama itself: {how}")
+    app.include_router(admin_routes(registry, served_or_404, body))
 
     async def complete(request: Request, dialect: Dialect, chat: bool) -> Response:
         """Every completion route: the dialect parses the body into a Completion, the served model's engine

@@ -273,6 +273,42 @@ def test_copy_pull_and_push_answer_as_ollama_does(client) -> None:
     assert e.value.status_code == 400 and "ollama push" in e.value.error
 
 
+def test_create_serves_a_model_from_a_served_one_or_a_file(client, server) -> None:
+    """/api/create FROM a served model: another name with its own SYSTEM and PARAMETERs over the same adapter;
+    FROM a file on the server's disk: that file served. What needs blobs or another template is refused."""
+    assert client.create(model="terse", from_="tiny-coffee", system="Answer in one word.",
+                         parameters={"temperature": 0, "num_predict": 5}).status == "success"
+    try:
+        show = httpx.post(str(client._client.base_url.join("/api/show")), json={"model": "terse"}).json()
+        assert show["system"] == "Answer in one word." and "num_predict 5" in show["parameters"]
+        created = client.chat(model="terse", messages=HI)
+        same = client.chat(model="tiny-coffee", options={"temperature": 0, "num_predict": 5},
+                           messages=[{"role": "system", "content": "Answer in one word."}, *HI])
+        assert created.message.content == same.message.content and created.eval_count <= 5
+        assert created.prompt_eval_count == same.prompt_eval_count
+    finally:
+        client.delete("terse")
+    assert client.chat(model="tiny-coffee", messages=HI, options=GREEDY).message.content  # its adapter stayed
+    gguf = server[1].get("gguf").engine.path
+    client.create(model="from-file", from_=str(gguf))
+    try:
+        assert (client.chat(model="from-file", messages=HI, options=GREEDY).message.content
+                == client.chat(model="gguf", messages=HI, options=GREEDY).message.content)
+    finally:
+        client.delete("from-file")
+    refused = {"template": ({"from_": "base", "template": "{{ .Prompt }}"}, "family's own TEMPLATE"),
+               "quantize": ({"from_": "base", "quantize": "q4_0"}, "gemmaforge export gguf"),
+               "adapters": ({"from_": "base", "adapters": {"a.gguf": "sha256:00"}}, "load_lora_adapter"),
+               "parameters": ({"from_": "base", "parameters": {"mirostat": 1}}, "mirostat not supported"),
+               "from": ({"from_": "no/such/place"}, "expected a run directory"),
+               "name": ({"from_": "base", "model": "gguf"}, "already served")}
+    for what, (fields, message) in refused.items():
+        with pytest.raises(ollama.ResponseError) as e:
+            client.create(**{"model": "refused", **fields})
+        assert e.value.status_code == 400 and message in e.value.error, what
+    assert [m.model for m in client.list().models] == ["tiny-coffee:latest", "base:latest", "gguf:latest"]
+
+
 def test_ollama_errors(client) -> None:
     with pytest.raises(ollama.ResponseError) as e:
         client.chat(model="nope", messages=HI)
