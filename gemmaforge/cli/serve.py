@@ -45,6 +45,10 @@ def add(verbs: Verbs) -> None:
                    help="requests waiting beyond the batch before 503 + Retry-After (default 64)")
     p.add_argument("--max-tokens", type=positive_int, default=4096, help="the longest answer (default 4096)")
     p.add_argument("--timeout", type=positive_int, default=600, help="seconds one request may generate (default 600)")
+    p.add_argument("--keep-alive", type=duration, default=-1.0, metavar="DURATION",
+                   help="how long a model stays loaded after its last request, as Ollama's keep_alive (5m, 1h, 30s, "
+                   "seconds; 0: unload after each request; negative: until the server stops, the default); an "
+                   "unloaded model stays listed and loads again on its next request")
     p.set_defaults(handler=serve)
 
     p = verbs.add_parser(
@@ -72,6 +76,20 @@ def add_engine_options(p: argparse.ArgumentParser) -> None:
                    help="transformers engine weights: auto picks bf16 where the hardware has it (default)")
 
 
+def duration(text: str) -> float:
+    """--keep-alive: seconds, or a duration as Ollama's keep_alive takes it (5m, 1h30m, -1s)."""
+    from gemmaforge.serve.protocol import parse_duration
+
+    try:
+        return float(text)
+    except ValueError:
+        pass
+    try:
+        return parse_duration(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
 def serve_options(args: argparse.Namespace) -> ServeOptions:
     """The server's options; --dtype is refused with --engine llamacpp, which runs the GGUF's own types."""
     from gemmaforge.serve.server import ServeOptions, api_key_from_env
@@ -80,7 +98,8 @@ def serve_options(args: argparse.Namespace) -> ServeOptions:
                   "{flags} sets the transformers engine's weights; --engine llamacpp runs the GGUF file's own types")
     engine = {key: ENGINE_DEFAULTS[key] if getattr(args, key) is None else getattr(args, key)
               for key in ENGINE_DEFAULTS}
-    extra = {k: getattr(args, k) for k in ("host", "port", "max_batch", "max_queue", "max_tokens") if hasattr(args, k)}
+    extra = {k: getattr(args, k) for k in ("host", "port", "max_batch", "max_queue", "max_tokens", "keep_alive")
+             if hasattr(args, k)}
     return ServeOptions(**engine, api_key=api_key_from_env(args.api_key),
                         timeout_s=float(getattr(args, "timeout", 600)), **extra)
 

@@ -167,6 +167,7 @@ class Engine(Protocol):
 
     kind: str  # "transformers" | "llamacpp"
     family: Family
+    device: Any  # where the weights are: "cpu", or a torch device (cuda: GPU memory)
 
     def encode(self, text: str) -> list[int]: ...
 

@@ -19,6 +19,7 @@ from gemmaforge.inference.jobs import Answer, Finished, Job, QueueFull, TextStre
 
 class LlamaCppEngine:
     kind = "llamacpp"
+    device = "cpu"  # no layers are offloaded to a GPU
 
     def __init__(self, gguf: Path, family: Family, *, num_ctx: int = 4096, max_queue: int = 64,
                  files: list[Path] | None = None):

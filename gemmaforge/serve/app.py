@@ -89,9 +89,19 @@ def create_app(registry: Registry, *, api_key: str | None = None, max_tokens: in
             raise ApiError(404, f"model '{name}' not found", "not_found_error")
         return served
 
+    async def ready(data: dict[str, Any]) -> tuple[Served, float | None]:
+        """The request's model, loaded again if keep_alive had unloaded it, and the request's keep_alive."""
+        served, keep = served_or_404(p.model_name(data)), p.keep_alive(data)
+        try:  # on a thread: the registry's lock may be held while another model loads
+            served = await asyncio.to_thread(registry.ensure_loaded, served.name)
+        except KeyError:  # removed meanwhile
+            served_or_404(served.name)
+        return served, keep
+
     async def events(served: Served, ids: list[int], params: p.Params, request: Request,
-                     stream: bool) -> AsyncIterator[Event]:
-        """Submit a job and yield its events; a disconnected client or the timeout cancels it."""
+                     stream: bool, keep: float | None) -> AsyncIterator[Event]:
+        """Submit a job and yield its events; a disconnected client or the timeout cancels it. The model is
+        kept loaded for `keep` seconds after (see Registry.keep)."""
         job = Job(ids, params, served.adapter, asyncio.get_running_loop(), stream)
         try:
             served.engine.submit(job)
@@ -120,6 +130,7 @@ def create_app(registry: Registry, *, api_key: str | None = None, max_tokens: in
                     return
         finally:
             job.cancelled.set()  # a client gone mid-stream (or any early exit) stops the generation
+            registry.keep(served.name, keep)
 
     # ------------------------------------------------------------------ Ollama
 
@@ -138,10 +149,14 @@ def create_app(registry: Registry, *, api_key: str | None = None, max_tokens: in
 
     @app.get("/api/ps")
     async def ps() -> dict[str, Any]:
-        expires = (datetime.now(UTC) + timedelta(days=365)).isoformat()  # loaded until the server stops
+        """The loaded models: when keep_alive unloads each (a model kept until the server stops shows Ollama's
+        "forever", the longest duration Go has), and how much of its weights sit in GPU memory."""
+        forever = datetime.now(UTC) + timedelta(microseconds=2**63 // 1000)
         return {"models": [{"name": m.name, "model": m.name, "size": m.size, "digest": m.digest, "details": m.details,
-                            "expires_at": expires, "size_vram": 0, "context_length": registry.num_ctx}
-                           for m in list(registry.models.values())]}
+                            "expires_at": (m.expires_at or forever).isoformat(),
+                            "size_vram": m.size if str(m.engine.device).startswith("cuda") else 0,
+                            "context_length": registry.num_ctx}
+                           for m in list(registry.models.values()) if m.loaded]}
 
     @app.post("/api/show")
     async def show(request: Request) -> dict[str, Any]:
@@ -161,13 +176,14 @@ def create_app(registry: Registry, *, api_key: str | None = None, max_tokens: in
         """Every completion route: the dialect parses the body into a Completion, the served model's engine
         generates it, the dialect renders the events, streamed or whole."""
         data = await body(request)
-        served = served_or_404(p.model_name(data))
+        served, keep = await ready(data)
         completion = dialect.parse(data, served, chat)
-        if isinstance(completion, dict):  # answered without generating
-            return JSONResponse(completion)
+        if isinstance(completion, dict):  # a request that only loads the model, or with keep_alive 0 unloads it
+            registry.keep(served.name, keep)
+            return JSONResponse({**completion, "done_reason": "unload"} if keep == 0 else completion)
         ids = served.engine.encode(completion.prompt)
         stream = events(served, ids, p.sampling_params(completion, limits, len(ids), registry.num_ctx), request,
-                        completion.stream)
+                        completion.stream, keep)
         if completion.stream:
             first = await first_event(stream)  # a full queue is still a plain 503, before the stream starts
             return StreamingResponse(dialect.stream(completion, prepend(first, stream)), media_type=dialect.media_type)
@@ -186,7 +202,14 @@ def create_app(registry: Registry, *, api_key: str | None = None, max_tokens: in
 
     # ------------------------------------------------------------------ embeddings (embeddings.py)
 
-    async def embed(served: Served, request: emb.EmbedRequest) -> tuple[list[list[float]], int]:
+    async def embed(data: dict[str, Any], request: emb.EmbedRequest) -> tuple[list[list[float]], int]:
+        served, keep = await ready(data)
+        try:
+            return await embedded(served, request)
+        finally:
+            registry.keep(served.name, keep)
+
+    async def embedded(served: Served, request: emb.EmbedRequest) -> tuple[list[list[float]], int]:
         if not request.truncate:
             for i, text in enumerate(request.texts):
                 if len(served.engine.encode(text)) + 1 > registry.num_ctx:  # and <bos>
@@ -198,20 +221,20 @@ def create_app(registry: Registry, *, api_key: str | None = None, max_tokens: in
     @app.post("/api/embed")
     async def ollama_embed(request: Request) -> dict[str, Any]:
         data = await body(request)
-        served, asked = served_or_404(p.model_name(data)), emb.ollama_request(data, legacy=False)
-        return emb.ollama_response(data["model"], asked, *await embed(served, asked), legacy=False)
+        asked = emb.ollama_request(data, legacy=False)
+        return emb.ollama_response(data["model"], asked, *await embed(data, asked), legacy=False)
 
     @app.post("/api/embeddings")
     async def ollama_embeddings(request: Request) -> dict[str, Any]:
         data = await body(request)
-        served, asked = served_or_404(p.model_name(data)), emb.ollama_request(data, legacy=True)
-        return emb.ollama_response(data["model"], asked, *await embed(served, asked), legacy=True)
+        asked = emb.ollama_request(data, legacy=True)
+        return emb.ollama_response(data["model"], asked, *await embed(data, asked), legacy=True)
 
     @app.post("/v1/embeddings")
     async def openai_embeddings(request: Request) -> dict[str, Any]:
         data = await body(request)
-        served, asked = served_or_404(p.model_name(data)), emb.openai_request(data)
-        return emb.openai_response(data["model"], asked, *await embed(served, asked))
+        asked = emb.openai_request(data)
+        return emb.openai_response(data["model"], asked, *await embed(data, asked))
 
     # ------------------------------------------------------------------ OpenAI
 

@@ -33,8 +33,9 @@ class OllamaDialect:
 
     def parse(self, data: dict[str, Any], served: Served, chat: bool) -> Completion | dict[str, Any]:
         refuse_unsupported(data)
-        if not chat and not data.get("prompt") and not data.get("raw"):  # Ollama's way of loading a model
-            return {"model": data["model"], "created_at": now(), "response": "", "done": True, "done_reason": "load"}
+        if not (data.get("messages") if chat else data.get("prompt") or data.get("raw")):  # loads the model
+            empty = {"message": {"role": "assistant", "content": ""}} if chat else {"response": ""}
+            return {"model": data["model"], "created_at": now(), **empty, "done": True, "done_reason": "load"}
         prompt = chat_prompt(served, messages_of(data)) if chat else generate_prompt(served, data)
         options = field(data, "options", dict, {})
         return Completion(data["model"], prompt, chat, field(data, "stream", bool, True), options_of(served, options),

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -90,6 +91,33 @@ def field(data: dict[str, Any], key: str, kind: type | tuple[type, ...], default
     if isinstance(value, bool) and bool not in kinds or not isinstance(value, kinds):
         names = " or ".join(dict.fromkeys(_JSON_NAMES.get(k, k.__name__) for k in kinds))
         raise bad(f"{where}{key}: expected {names}, got {_JSON_NAMES.get(type(value), type(value).__name__)}")
+    return value
+
+
+_DURATION = re.compile(r"([0-9]*\.?[0-9]+)(ns|us|µs|ms|s|m|h)")
+_SECONDS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
+
+
+def parse_duration(text: str) -> float:
+    """Seconds in a Go duration ("5m", "1h30m", "-1s", "0"), as Ollama reads keep_alive; ValueError otherwise."""
+    sign, body = (-1.0, text[1:]) if text.startswith("-") else (1.0, text.removeprefix("+"))
+    if body == "0":
+        return 0.0
+    parts = _DURATION.findall(body)
+    if not body or "".join(number + unit for number, unit in parts) != body:
+        raise ValueError(f"{text!r} is not a duration (e.g. 5m, 1h30m, 30s, 0, -1m)")
+    return sign * sum(float(number) * _SECONDS[unit] for number, unit in parts)
+
+
+def keep_alive(data: dict[str, Any]) -> float | None:
+    """A request's keep_alive in seconds (a number of seconds or a duration string; < 0: until the server
+    stops); None when it is not given."""
+    value = field(data, "keep_alive", (float, str))
+    if isinstance(value, str):
+        try:
+            return parse_duration(value)
+        except ValueError as e:
+            raise bad(f"keep_alive: {e}") from None
     return value
 
 

@@ -12,10 +12,10 @@ import dataclasses
 import hashlib
 import re
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
@@ -43,6 +43,10 @@ class Served:
     size: int = 0
     modified_at: str = ""
     parent: str | None = None  # the base model's name, for adapters
+    adapter_dir: Path | None = None  # where the adapter is loaded from (again, after an unload)
+    engine_key: Path | None = None  # the registry's key of its engine (a base model folder or GGUF file)
+    loaded: bool = True  # False once keep_alive ran out: listed, loaded again by its next request
+    expires_at: datetime | None = None  # when keep_alive runs out; None: loaded until the server stops
 
     @property
     def digest(self) -> str:
@@ -60,12 +64,16 @@ class Registry:
     """Served models by name; engines by what they hold (a base model folder or a GGUF file)."""
 
     def __init__(self, home: Path, *, num_ctx: int = 4096, max_batch: int = 16, max_queue: int = 64,
-                 dtype: str = "auto"):
+                 dtype: str = "auto", keep_alive: float = -1):
         self.home, self.num_ctx, self.max_batch, self.max_queue = home, num_ctx, max_batch, max_queue
         self.dtype = dtype  # auto (bf16 where the hardware has it), bf16 or fp32
+        self.keep_alive = keep_alive  # seconds a model stays loaded after a request; < 0: until the server stops
         self.models: dict[str, Served] = {}
         self.engines: dict[Path, Engine] = {}
+        self._loaders: dict[Path, Callable[[], Engine]] = {}  # each engine's maker, kept to load it again
         self._lock = threading.RLock()
+        self._stopping = threading.Event()
+        threading.Thread(target=self._expire, name="gemmaforge-keep-alive", daemon=True).start()
 
     # ------------------------------------------------------------------ lookup
 
@@ -171,17 +179,21 @@ class Registry:
         if not path.is_file():
             raise UserError(f"{path}: GGUF file not found")
         family = _gguf_family(path)
-        engine = self.engines.get(path.resolve())
-        if engine is None:
-            engine = self.engines[path.resolve()] = LlamaCppEngine(path, family, num_ctx=self.num_ctx,
-                                                                   max_queue=self.max_queue, files=shard_set(path))
+        engine = self._engine(path.resolve(), lambda: LlamaCppEngine(path, family, num_ctx=self.num_ctx,
+                                                                     max_queue=self.max_queue, files=shard_set(path)))
         return self._register(Served(name, engine, None, family, source or path))
 
     def _transformers_engine(self, base: ResolvedModel, reference: str) -> TransformersEngine:
-        engine = self.engines.get(base.path.resolve())
+        return cast("TransformersEngine", self._engine(base.path.resolve(),
+                                                       lambda: _load_transformers(base, reference, self)))
+
+    def _engine(self, key: Path, load: Callable[[], Engine]) -> Engine:
+        """The engine holding `key` (a base model folder or a GGUF file): loaded once, and again after an unload."""
+        self._loaders.setdefault(key, load)
+        engine = self.engines.get(key)
         if engine is None:
-            engine = self.engines[base.path.resolve()] = _load_transformers(base, reference, self)
-        return cast("TransformersEngine", engine)
+            engine = self.engines[key] = self._loaders[key]()
+        return engine
 
     def _free(self, name: str) -> str:
         if name in self.models:
@@ -190,6 +202,8 @@ class Registry:
         return name
 
     def _register(self, served: Served, adapter_dir: Path | None = None) -> Served:
+        served.engine_key = next(k for k, e in self.engines.items() if e is served.engine)
+        served.adapter_dir, served.expires_at = adapter_dir, self._expiry(self.keep_alive)
         if adapter_dir is not None:
             served.adapter = served.name
             cast("TransformersEngine", served.engine).load_adapter(served.name, adapter_dir)
@@ -210,27 +224,73 @@ class Registry:
             self.models[copy.name] = copy
             return copy
 
-    # ------------------------------------------------------------------ removing
+    # ------------------------------------------------------------------ removing and keep_alive
 
     def remove(self, name: str) -> Served | None:
         """Stop serving `name` (None when it is not served, e.g. removed by a concurrent request). An adapter's
         base stays loaded for adapters loaded later; any other engine closes with its last model."""
         with self._lock:
             served = self.models.pop(name, None)
-            if served is not None:
-                self._release(served)
+            if served is not None and served.loaded:
+                self._release(served, close_base=served.adapter is None)
             return served
 
-    def _release(self, served: Served) -> None:
-        """Unload what no other name still serves (a copy shares its model's engine and adapter)."""
-        if served.adapter is not None:
-            if not any(m.adapter == served.adapter and m.engine is served.engine for m in self.models.values()):
-                cast("TransformersEngine", served.engine).unload_adapter(served.adapter)
-        elif not any(m.engine is served.engine for m in self.models.values()):
-            key = next(k for k, e in self.engines.items() if e is served.engine)
-            self.engines.pop(key).close()
+    def ensure_loaded(self, name: str) -> Served:
+        """`name` for a request: loaded again if keep_alive had unloaded it, and held until keep() sets its expiry
+        after the request (KeyError when it is no longer served)."""
+        with self._lock:
+            served = self.models[name]
+            served.expires_at = None
+            if not served.loaded:
+                engine = self._engine(cast(Path, served.engine_key), self._loaders[cast(Path, served.engine_key)])
+                if served.adapter is not None and served.adapter not in cast("TransformersEngine", engine).adapters:
+                    cast("TransformersEngine", engine).load_adapter(served.adapter, cast(Path, served.adapter_dir))
+                served.engine, served.loaded = engine, True
+            return served
+
+    def keep(self, name: str, seconds: float | None) -> None:
+        """After a request: keep `name` loaded for `seconds` (None: the server's --keep-alive; 0: unload now;
+        < 0: until the server stops)."""
+        with self._lock:
+            served = self.models.get(name)
+            if served is None or not served.loaded:
+                return
+            served.expires_at = self._expiry(self.keep_alive if seconds is None else seconds)
+            if seconds == 0 and served.engine.running() == 0:  # else once the requests in flight end (_expire)
+                self.unload(name)
+
+    def unload(self, name: str) -> None:
+        """Free what only `name` holds (its adapter, its engine when no loaded model shares it); it stays listed."""
+        with self._lock:
+            served = self.models.get(name)
+            if served is not None and served.loaded:
+                served.loaded, served.expires_at = False, None
+                self._release(served, close_base=True)
+
+    def _release(self, served: Served, close_base: bool) -> None:
+        """Unload what no other loaded name still uses (a copy shares its model's engine and adapter)."""
+        users = [m for m in self.models.values() if m.loaded and m.engine is served.engine and m is not served]
+        if served.adapter is not None and not any(m.adapter == served.adapter for m in users):
+            cast("TransformersEngine", served.engine).unload_adapter(served.adapter)
+        if not users and close_base and served.engine_key in self.engines:
+            self.engines.pop(cast(Path, served.engine_key)).close()
+
+    @staticmethod
+    def _expiry(seconds: float) -> datetime | None:
+        return None if seconds < 0 else datetime.now(UTC) + timedelta(seconds=seconds)
+
+    def _expire(self) -> None:
+        """Unload each model whose keep_alive ran out, once its engine has no request in flight."""
+        while not self._stopping.wait(0.5):
+            now = datetime.now(UTC)
+            with self._lock:
+                for served in list(self.models.values()):
+                    if (served.loaded and served.expires_at is not None and served.expires_at <= now
+                            and served.engine.running() == 0):
+                        self.unload(served.name)
 
     def close(self) -> None:
+        self._stopping.set()
         for engine in self.engines.values():
             engine.close()
 

@@ -29,6 +29,7 @@ class ServeOptions:
     max_queue: int = 64
     max_tokens: int = 4096
     timeout_s: float = 600.0
+    keep_alive: float = -1.0  # seconds a model stays loaded after its last request; < 0: until the server stops
 
 
 def is_loopback(host: str) -> bool:
@@ -50,7 +51,7 @@ def load_registry(specs: list[str], options: ServeOptions, home: Path) -> Regist
     if not specs:
         raise UserError("name at least one run directory, model folder, .gguf file or 'gemma3-270m' to serve")
     registry = Registry(home, num_ctx=options.num_ctx, max_batch=options.max_batch, max_queue=options.max_queue,
-                        dtype=options.dtype)
+                        dtype=options.dtype, keep_alive=options.keep_alive)
     try:
         for spec in specs:
             served = registry.add(spec, options.engine)

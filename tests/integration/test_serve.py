@@ -309,6 +309,40 @@ def test_create_serves_a_model_from_a_served_one_or_a_file(client, server) -> No
     assert [m.model for m in client.list().models] == ["tiny-coffee:latest", "base:latest", "gguf:latest"]
 
 
+def _loaded(client) -> dict[str, str]:
+    return {m.model: m.expires_at for m in client.ps().models}
+
+
+def test_keep_alive_unloads_a_model_and_its_next_request_loads_it_again(client, server) -> None:
+    """Open WebUI's eject (keep_alive 0 with no prompt), a keep_alive that runs out, and the model loaded
+    again by its next request, answering as before; /api/ps shows what is loaded and until when."""
+    registry = server[1]
+    assert all(at.year > 2200 for at in _loaded(client).values())  # --keep-alive's default: until the server stops
+    before = {name: client.chat(model=name, messages=HI, options=GREEDY).message.content
+              for name in ("gguf", "tiny-coffee")}
+    assert client.generate(model="gguf", prompt="", keep_alive=0).done_reason == "unload"
+    assert "gguf:latest" not in _loaded(client) and "gguf:latest" in [m.model for m in client.list().models]
+    assert not any(e.kind == "llamacpp" for e in registry.engines.values())  # its memory is freed
+    assert client.chat(model="gguf", messages=HI, options=GREEDY).message.content == before["gguf"]
+    assert "gguf:latest" in _loaded(client)
+
+    answer = client.chat(model="tiny-coffee", messages=HI, options=GREEDY, keep_alive="1s")
+    assert answer.message.content == before["tiny-coffee"]
+    assert _loaded(client)["tiny-coffee:latest"].year < 2200
+    deadline = time.monotonic() + 15
+    while "tiny-coffee:latest" in _loaded(client) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert "tiny-coffee:latest" not in _loaded(client) and "base:latest" in _loaded(client)
+    assert "tiny-coffee:latest" not in registry.get("base").engine.adapters  # the base stays, the adapter went
+    assert client.chat(model="tiny-coffee", messages=HI, options=GREEDY).message.content == before["tiny-coffee"]
+    assert client.chat(model="tiny-coffee", messages=[], keep_alive=0).done_reason == "unload"
+    assert client.chat(model="tiny-coffee", messages=HI, options=GREEDY).message.content == before["tiny-coffee"]
+    assert set(_loaded(client)) == {"tiny-coffee:latest", "base:latest", "gguf:latest"}
+    with pytest.raises(ollama.ResponseError) as e:
+        client.chat(model="base", messages=HI, keep_alive="300")
+    assert e.value.status_code == 400 and "keep_alive: '300' is not a duration" in e.value.error
+
+
 def test_ollama_errors(client) -> None:
     with pytest.raises(ollama.ResponseError) as e:
         client.chat(model="nope", messages=HI)
