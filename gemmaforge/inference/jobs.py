@@ -30,6 +30,7 @@ class Params:
     repeat_penalty: float = 1.0
     repeat_last_n: int = 64
     stop: tuple[str, ...] = ()
+    grammar: str | None = None  # structured output: "json" (any JSON object) or a JSON schema, as JSON text
 
 
 @dataclass(frozen=True)
@@ -168,6 +169,7 @@ class Engine(Protocol):
     kind: str  # "transformers" | "llamacpp"
     family: Family
     device: Any  # where the weights are: "cpu", or a torch device (cuda: GPU memory)
+    structured_outputs: bool  # whether it can hold an answer to Params.grammar
 
     def encode(self, text: str) -> list[int]: ...
 

@@ -20,6 +20,7 @@ from gemmaforge.inference.jobs import Answer, Finished, Job, QueueFull, TextStre
 class LlamaCppEngine:
     kind = "llamacpp"
     device = "cpu"  # no layers are offloaded to a GPU
+    structured_outputs = True  # llama.cpp's grammar sampler: JSON, or a JSON schema turned into a grammar
 
     def __init__(self, gguf: Path, family: Family, *, num_ctx: int = 4096, max_queue: int = 64,
                  files: list[Path] | None = None):
@@ -32,6 +33,7 @@ class LlamaCppEngine:
         self._jobs: queue.Queue[Job | None] = queue.Queue(maxsize=max_queue)
         self._busy = 0
         self._closed = False
+        self._grammars: dict[str, Any] = {}  # compiled LlamaGrammar by Params.grammar
         self._embedder: Any = None  # a second context in embedding mode, made on the first embeddings request
         self._embed_lock = threading.Lock()
         self._thread = threading.Thread(target=self._loop, name="gemmaforge-llamacpp-engine", daemon=True)
@@ -96,6 +98,18 @@ class LlamaCppEngine:
             if self._embedder is not None:
                 self._embedder.close()
 
+    def _grammar(self, spec: str | None) -> Any:
+        """llama.cpp's JSON grammar, or its grammar for a JSON schema (the end of turn is allowed once the value
+        is complete: the grammar sampler leaves only end-of-generation tokens then)."""
+        from llama_cpp.llama_grammar import JSON_GBNF, LlamaGrammar
+
+        if spec is None:
+            return None
+        if spec not in self._grammars:
+            self._grammars[spec] = (LlamaGrammar.from_string(JSON_GBNF, verbose=False) if spec == "json"
+                                    else LlamaGrammar.from_json_schema(spec, verbose=False))
+        return self._grammars[spec]
+
     def _loop(self) -> None:
         while (job := self._jobs.get()) is not None:
             self._busy = 1
@@ -121,6 +135,7 @@ class LlamaCppEngine:
         tokens = self.llm.generate(
             job.prompt_ids, top_k=params.top_k if params.temperature > 0 else 1, top_p=params.top_p,
             min_p=params.min_p, temp=params.temperature, repeat_penalty=params.repeat_penalty, reset=True,
+            grammar=self._grammar(params.grammar),
         )
         for token in tokens:
             if answer.tokens == 0:  # prompt evaluation ends with the first sampled token

@@ -56,6 +56,7 @@ class _Batch:
 
 class TransformersEngine:
     kind = "transformers"
+    structured_outputs = False  # not yet: the routes refuse Params.grammar for this engine
 
     def __init__(self, model: Any, tokenizer: Any, family: Family, *, max_batch: int = 16, max_queue: int = 64,
                  num_ctx: int = 4096, max_prefill_tokens: int = 4096, base_path: Path | None = None,

@@ -17,6 +17,7 @@ from gemmaforge.serve.protocol import (
     chat_prompt,
     field,
     generate_prompt,
+    json_schema,
     messages_of,
     refuse_unsupported,
     stops,
@@ -39,7 +40,7 @@ class OllamaDialect:
         prompt = chat_prompt(served, messages_of(data)) if chat else generate_prompt(served, data)
         options = field(data, "options", dict, {})
         return Completion(data["model"], prompt, chat, field(data, "stream", bool, True), options_of(served, options),
-                          stops(options, "options."))
+                          stops(options, "options."), grammar=format_of(data))
 
     async def stream(self, c: Completion, events: AsyncIterator[Event]) -> AsyncIterator[bytes]:
         async for event in events:
@@ -52,6 +53,16 @@ class OllamaDialect:
 
     def whole(self, c: Completion, text: str, end: Finished) -> dict[str, Any]:
         return _chunk(c, text, **_final(c, end))
+
+
+def format_of(data: dict[str, Any]) -> str | None:
+    """Ollama's `format`: "json" (JSON mode) or a JSON schema (what the ollama client sends for a pydantic model)."""
+    value = data.get("format")
+    if value in (None, ""):
+        return None
+    if value == "json":
+        return "json"
+    return json_schema(value, "format")
 
 
 def options_of(served: Served, options: dict[str, Any]) -> dict[str, Any]:

@@ -19,6 +19,7 @@ from gemmaforge.serve.protocol import (
     chat_prompt,
     field,
     generate_prompt,
+    json_schema,
     messages_of,
     refuse_tools,
     stops,
@@ -39,7 +40,8 @@ class OpenAIDialect:
         stream = field(data, "stream", bool, False)
         include_usage = stream and field(field(data, "stream_options", dict, {}), "include_usage", bool, False,
                                          "stream_options.")
-        return Completion(data["model"], prompt, chat, stream, options_of(served, data), stops(data), include_usage)
+        return Completion(data["model"], prompt, chat, stream, options_of(served, data), stops(data), include_usage,
+                          grammar=response_format(data))
 
     async def stream(self, c: Completion, events: AsyncIterator[Event]) -> AsyncIterator[bytes]:
         answer = _Answer(c)
@@ -62,6 +64,21 @@ class OpenAIDialect:
         return answer.envelope([answer.choice(text, finish_reason(end), False)], False, usage=usage(end))
 
 
+def response_format(data: dict[str, Any]) -> str | None:
+    """OpenAI's response_format: text, json_object (JSON mode) or json_schema (its `schema`, strict or not: the
+    grammar holds every answer to the schema either way)."""
+    spec = field(data, "response_format", dict, {})
+    kind = field(spec, "type", str, "text", "response_format.")
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        return "json"
+    if kind == "json_schema":
+        schema = field(spec, "json_schema", dict, {}, "response_format.")
+        return json_schema(schema.get("schema"), "response_format.json_schema.schema")
+    raise bad(f"response_format.type: {kind!r} is not supported; expected text, json_object or json_schema")
+
+
 def options_of(served: Served, data: dict[str, Any]) -> dict[str, Any]:
     """As Ollama's OpenAI layer: temperature and top_p default to 1.0; max_tokens is num_predict."""
     for key in ("frequency_penalty", "presence_penalty"):
@@ -69,8 +86,6 @@ def options_of(served: Served, data: dict[str, Any]) -> dict[str, Any]:
             raise bad(f"{key}: not supported (use 0); repeat penalties are set through the Ollama API's options")
     if field(data, "n", int, 1) != 1:
         raise bad("n: only one choice per request is supported")
-    if field(field(data, "response_format", dict, {}), "type", str, "text", "response_format.") != "text":
-        raise bad("response_format: structured output (JSON mode) is not supported by gemmaforge serve")
     refuse_tools(data)
     merged = {**OLLAMA_DEFAULTS, **served.options, "temperature": 1.0, "top_p": 1.0}
     for key in ("temperature", "top_p"):

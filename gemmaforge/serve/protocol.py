@@ -51,6 +51,7 @@ class Completion:
     options: dict[str, Any]  # Ollama's option names: temperature, top_p, top_k, min_p, seed, num_predict, ...
     stop: tuple[str, ...] = ()
     include_usage: bool = False  # a streamed answer ends with the token counts (OpenAI's stream_options)
+    grammar: str | None = None  # structured output (Params.grammar)
     started_ns: int = dataclass_field(default_factory=time.perf_counter_ns)
 
 
@@ -185,13 +186,20 @@ def refuse_unsupported(data: dict[str, Any]) -> None:
     """Fields that would change the answer in ways this server cannot honour: refused, not ignored."""
     if data.get("images"):
         raise bad("images: not supported (this is a text model)")
-    if data.get("format"):
-        raise bad("format: structured output (JSON mode) is not supported by gemmaforge serve")
     refuse_tools(data)
     if data.get("think"):
         raise bad("think: this model does not support thinking")
     if data.get("suffix"):
         raise bad("suffix: fill-in-the-middle is not supported by Gemma chat models")
+
+
+def json_schema(schema: Any, where: str) -> str:
+    """A JSON schema as the grammar's JSON text: an object (a pydantic model's model_json_schema(), say)."""
+    if schema is None:
+        raise bad(f"{where}: required")
+    if not isinstance(schema, dict):
+        raise bad(f"{where}: expected a JSON schema object, got {_JSON_NAMES.get(type(schema), type(schema).__name__)}")
+    return json.dumps(schema)
 
 
 def refuse_tools(data: dict[str, Any]) -> None:
@@ -229,4 +237,4 @@ def sampling_params(c: Completion, limits: Limits, n_prompt: int, num_ctx: int) 
         raise bad("num_predict / max_tokens: must be at least 1")
     return Params(max_tokens=min(predict, room, limits.max_tokens), temperature=o["temperature"], top_p=o["top_p"],
                   top_k=o["top_k"] or 0, min_p=o["min_p"], seed=seed, repeat_penalty=o["repeat_penalty"],
-                  repeat_last_n=o["repeat_last_n"], stop=c.stop)
+                  repeat_last_n=o["repeat_last_n"], stop=c.stop, grammar=c.grammar)

@@ -13,8 +13,10 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Literal
 
 import httpx
+import pydantic
 import pytest
 import yaml
 
@@ -359,6 +361,43 @@ def test_ollama_errors(client) -> None:
     assert client.generate(model="base", prompt="").done_reason == "load"
 
 
+# ---------------------------------------------------------------------------- structured outputs
+
+
+class Order(pydantic.BaseModel):
+    drink: Literal["latte", "flat white", "espresso"]
+    cups: int
+    iced: bool
+
+
+def test_structured_outputs_hold_every_answer_to_the_schema(client, oai) -> None:
+    """Ollama's `format` (JSON mode, a pydantic model's schema as the ollama client sends it) and OpenAI's
+    `response_format` (json_object, json_schema through the openai client's parse helper) on the llama.cpp engine:
+    every answer parses, and validates, greedy or sampled, ending on the end of turn."""
+    sampled = {"temperature": 1.0, "seed": 7, "num_predict": 96}
+    for options in ({"temperature": 0, "num_predict": 96}, sampled):
+        answer = client.chat(model="gguf", messages=HI, format=Order.model_json_schema(), options=options)
+        Order.model_validate_json(answer.message.content)
+        assert answer.done_reason == "stop"
+        chunks = list(client.chat(model="gguf", messages=HI, format=Order.model_json_schema(), options=options,
+                                  stream=True))
+        assert "".join(c.message.content for c in chunks) == answer.message.content
+    parsed = oai.chat.completions.parse(model="gguf", messages=HI, response_format=Order, temperature=0,
+                                        max_tokens=96)
+    assert isinstance(parsed.choices[0].message.parsed, Order)
+    # JSON mode lets the value run on (this random tiny model does not close a free-form object within the
+    # budget): every answer is held to the JSON grammar, whose root is an object, and parses once it stops
+    json_mode = client.generate(model="gguf", prompt="Describe a latte.", format="json", options=sampled)
+    json_object = oai.chat.completions.create(model="gguf", messages=HI, response_format={"type": "json_object"},
+                                              max_tokens=96, seed=7)
+    plain = client.generate(model="gguf", prompt="Describe a latte.", options=sampled).response
+    for text, reason in ((json_mode.response, json_mode.done_reason),
+                         (json_object.choices[0].message.content, json_object.choices[0].finish_reason)):
+        assert text.startswith("{") and text != plain
+        if reason == "stop":
+            assert isinstance(json.loads(text), dict)
+
+
 # ---------------------------------------------------------------------------- embeddings
 
 
@@ -519,7 +558,11 @@ def test_openai_errors(oai) -> None:
                               b'"response_format": {"type": "json_object"}}'), 400,
      "response_format: structured output (JSON mode) is not supported"),
     ("/v1/completions", b'{"model": "base", "prompt": "x", "response_format": {"type": "json_schema"}}', 400,
-     "response_format: structured output (JSON mode) is not supported"),
+     "response_format.json_schema.schema: required"),
+    ("/v1/completions", b'{"model": "gguf", "prompt": "x", "response_format": {"type": "xml"}}', 400,
+     "response_format.type: 'xml' is not supported"),
+    ("/api/generate", b'{"model": "gguf", "prompt": "x", "format": "yaml"}', 400,
+     "format: expected a JSON schema object, got string"),
     ("/v1/chat/completions", (b'{"model": "base", "messages": [{"role": "user", "content": "x"}], '
                               b'"tools": [{"type": "function", "function": {"name": "f"}}]}'), 400,
      "tools: this model does not support tools"),
