@@ -169,9 +169,13 @@ class Engine(Protocol):
     kind: str  # "transformers" | "llamacpp"
     family: Family
     device: Any  # where the weights are: "cpu", or a torch device (cuda: GPU memory)
-    structured_outputs: bool  # whether it can hold an answer to Params.grammar
 
     def encode(self, text: str) -> list[int]: ...
+
+    def compile_grammar(self, spec: str) -> None:
+        """Make (and keep) the grammar for Params.grammar `spec`; ValueError with the reason when the schema
+        cannot be held. Blocking: the first call may take seconds."""
+        ...
 
     def submit(self, job: Job) -> None:
         """Queue the job (QueueFull when the queue is full); its events go to the job's loop."""

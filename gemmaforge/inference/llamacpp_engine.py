@@ -20,7 +20,6 @@ from gemmaforge.inference.jobs import Answer, Finished, Job, QueueFull, TextStre
 class LlamaCppEngine:
     kind = "llamacpp"
     device = "cpu"  # no layers are offloaded to a GPU
-    structured_outputs = True  # llama.cpp's grammar sampler: JSON, or a JSON schema turned into a grammar
 
     def __init__(self, gguf: Path, family: Family, *, num_ctx: int = 4096, max_queue: int = 64,
                  files: list[Path] | None = None):
@@ -97,6 +96,12 @@ class LlamaCppEngine:
         with self._embed_lock:
             if self._embedder is not None:
                 self._embedder.close()
+
+    def compile_grammar(self, spec: str) -> None:
+        try:
+            self._grammar(spec)
+        except Exception as e:  # noqa: BLE001  (llama.cpp's schema converter asserts on what it cannot convert)
+            raise ValueError(str(e) or type(e).__name__) from None
 
     def _grammar(self, spec: str | None) -> Any:
         """llama.cpp's JSON grammar, or its grammar for a JSON schema (the end of turn is allowed once the value

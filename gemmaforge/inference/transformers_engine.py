@@ -25,6 +25,7 @@ from typing import Any, Callable, TypeVar
 import torch
 
 from gemmaforge.families import Family
+from gemmaforge.inference.constrained import Grammars, Matcher
 from gemmaforge.inference.jobs import Answer, Finished, Job, QueueFull, TextStream
 from gemmaforge.inference.sampling import choose_token, new_generator
 from gemmaforge.models import fast_last_position_logits
@@ -37,6 +38,7 @@ class _Running:
     answer: Answer
     generator: torch.Generator
     history: list[int]  # prompt and answer ids, for the repeat penalty
+    constraint: Matcher | None  # structured output: where the answer is in its grammar
 
     @property
     def job(self) -> Job:
@@ -56,7 +58,6 @@ class _Batch:
 
 class TransformersEngine:
     kind = "transformers"
-    structured_outputs = False  # not yet: the routes refuse Params.grammar for this engine
 
     def __init__(self, model: Any, tokenizer: Any, family: Family, *, max_batch: int = 16, max_queue: int = 64,
                  num_ctx: int = 4096, max_prefill_tokens: int = 4096, base_path: Path | None = None,
@@ -70,6 +71,7 @@ class TransformersEngine:
         self.max_batch, self.max_queue, self.num_ctx = max_batch, max_queue, num_ctx
         self.max_prefill_tokens = max_prefill_tokens  # padded prompt tokens in one prefill forward (its memory)
         self.stops = {tokenizer.eos_token_id, *tokenizer.convert_tokens_to_ids(list(family.stop))}
+        self.grammars = Grammars(tokenizer, sorted(self.stops))
         # transformers 5.x renamed `past_key_values` to `cache` (the old name warns, then goes in 5.40)
         self._cache_kw = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
         self._waiting: deque[Job] = deque()
@@ -130,6 +132,9 @@ class TransformersEngine:
                 raise QueueFull(f"{len(self._waiting)} requests are waiting")
             self._waiting.append(job)
             self._wake.notify()
+
+    def compile_grammar(self, spec: str) -> None:
+        self.grammars.compile(spec)
 
     def call(self, fn: Callable[[Any], T], adapter: str | None = None) -> T:
         """fn(model) computed on the engine's thread between two steps, with `adapter` (None: the base model),
@@ -292,14 +297,15 @@ class TransformersEngine:
                                cache_position=torch.arange(width, **on))
         now = time.perf_counter_ns()
         rows = [_Running(Answer(job, TextStream(self._decode, job.params.stop), self.num_ctx, prompt_ns=now - start,
-                                started_ns=now), new_generator(job.params.seed), list(job.prompt_ids))
+                                started_ns=now), new_generator(job.params.seed), list(job.prompt_ids),
+                         self.grammars.matcher(job.params.grammar) if job.params.grammar else None)
                 for job in jobs]
         new = _Batch(rows, cache, mask, positions[:, -1] + 1, torch.zeros(len(jobs), dtype=torch.long, **on))
         with self._wake:  # the first tokens are sent as the jobs join their batch: running() never misses one
             self._admitted -= {id(job) for job in jobs}
             keep = []
             for i, row in enumerate(rows):
-                token = choose_token(logits[i], row.job.params, row.history, row.generator)
+                token = self._choose(row, logits[i])
                 if not self._accept(row, token):
                     new.last[i] = token
                     keep.append(i)
@@ -319,17 +325,24 @@ class TransformersEngine:
         batch.positions = batch.positions + 1
         keep = []
         for i, row in enumerate(batch.rows):
-            token = choose_token(logits[i], row.job.params, row.history, row.generator)
+            token = self._choose(row, logits[i])
             if not self._accept(row, token):
                 batch.last[i] = token
                 keep.append(i)
         if len(keep) < len(batch.rows):
             _select(batch, keep)
 
+    def _choose(self, row: _Running, logits: torch.Tensor) -> int:
+        if row.constraint is not None:
+            row.constraint.mask(logits)
+        return choose_token(logits, row.job.params, row.history, row.generator)
+
     def _accept(self, row: _Running, token: int) -> bool:
         finished = row.answer.accept(token, self.stops)
         if not finished:
             row.history.append(token)
+            if row.constraint is not None:
+                row.constraint.advance(token)
         return finished
 
     def _end_cancelled(self) -> None:

@@ -181,10 +181,11 @@ def create_app(registry: Registry, *, api_key: str | None = None, max_tokens: in
         if isinstance(completion, dict):  # a request that only loads the model, or with keep_alive 0 unloads it
             registry.keep(served.name, keep)
             return JSONResponse({**completion, "done_reason": "unload"} if keep == 0 else completion)
-        if completion.grammar and not served.engine.structured_outputs:
-            raise bad("format / response_format: structured output (JSON mode) is not supported by the transformers "
-                      "engine yet; serve the model's GGUF (--engine llamacpp, or the .gguf file) for JSON and JSON "
-                      "schemas")
+        if completion.grammar:
+            try:
+                await asyncio.to_thread(served.engine.compile_grammar, completion.grammar)
+            except ValueError as e:
+                raise bad(f"format / response_format: this JSON schema cannot be enforced: {e}") from None
         ids = served.engine.encode(completion.prompt)
         stream = events(served, ids, p.sampling_params(completion, limits, len(ids), registry.num_ctx), request,
                         completion.stream, keep)

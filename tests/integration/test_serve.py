@@ -355,9 +355,11 @@ def test_ollama_errors(client) -> None:
     with pytest.raises(ollama.ResponseError) as e:
         client.chat(model="base", messages=[{"role": "system", "content": "Be brief."}])
     assert e.value.status_code == 400 and "no user or assistant message" in e.value.error
-    with pytest.raises(ollama.ResponseError) as e:
-        client.generate(model="base", prompt="hi", format="json")
-    assert e.value.status_code == 400 and "JSON mode" in e.value.error
+    for model, reason in (("base", "Invalid type: objectx"), ("gguf", "Unrecognized schema")):
+        with pytest.raises(ollama.ResponseError) as e:
+            client.generate(model=model, prompt="hi", format={"type": "objectx"})
+        assert e.value.status_code == 400 and "this JSON schema cannot be enforced" in e.value.error
+        assert reason in e.value.error
     assert client.generate(model="base", prompt="").done_reason == "load"
 
 
@@ -370,27 +372,29 @@ class Order(pydantic.BaseModel):
     iced: bool
 
 
-def test_structured_outputs_hold_every_answer_to_the_schema(client, oai) -> None:
+@pytest.mark.parametrize("model", ["gguf", "base", "tiny-coffee"])
+def test_structured_outputs_hold_every_answer_to_the_schema(client, oai, model: str) -> None:
     """Ollama's `format` (JSON mode, a pydantic model's schema as the ollama client sends it) and OpenAI's
-    `response_format` (json_object, json_schema through the openai client's parse helper) on the llama.cpp engine:
-    every answer parses, and validates, greedy or sampled, ending on the end of turn."""
+    `response_format` (json_object, json_schema through the openai client's parse helper) on the llama.cpp engine
+    (its grammar sampler) and the transformers engine (llguidance), with and without an adapter: every answer
+    parses, and validates, greedy or sampled, ending on the end of turn."""
     sampled = {"temperature": 1.0, "seed": 7, "num_predict": 96}
     for options in ({"temperature": 0, "num_predict": 96}, sampled):
-        answer = client.chat(model="gguf", messages=HI, format=Order.model_json_schema(), options=options)
+        answer = client.chat(model=model, messages=HI, format=Order.model_json_schema(), options=options)
         Order.model_validate_json(answer.message.content)
         assert answer.done_reason == "stop"
-        chunks = list(client.chat(model="gguf", messages=HI, format=Order.model_json_schema(), options=options,
+        chunks = list(client.chat(model=model, messages=HI, format=Order.model_json_schema(), options=options,
                                   stream=True))
         assert "".join(c.message.content for c in chunks) == answer.message.content
-    parsed = oai.chat.completions.parse(model="gguf", messages=HI, response_format=Order, temperature=0,
+    parsed = oai.chat.completions.parse(model=model, messages=HI, response_format=Order, temperature=0,
                                         max_tokens=96)
     assert isinstance(parsed.choices[0].message.parsed, Order)
     # JSON mode lets the value run on (this random tiny model does not close a free-form object within the
     # budget): every answer is held to the JSON grammar, whose root is an object, and parses once it stops
-    json_mode = client.generate(model="gguf", prompt="Describe a latte.", format="json", options=sampled)
-    json_object = oai.chat.completions.create(model="gguf", messages=HI, response_format={"type": "json_object"},
+    json_mode = client.generate(model=model, prompt="Describe a latte.", format="json", options=sampled)
+    json_object = oai.chat.completions.create(model=model, messages=HI, response_format={"type": "json_object"},
                                               max_tokens=96, seed=7)
-    plain = client.generate(model="gguf", prompt="Describe a latte.", options=sampled).response
+    plain = client.generate(model=model, prompt="Describe a latte.", options=sampled).response
     for text, reason in ((json_mode.response, json_mode.done_reason),
                          (json_object.choices[0].message.content, json_object.choices[0].finish_reason)):
         assert text.startswith("{") and text != plain
@@ -552,11 +556,12 @@ def test_openai_errors(oai) -> None:
     ("/api/generate", b'{"model": "base", "prompt": "x", "images": ["aGk="]}', 400, "images: not supported"),
     ("/api/chat", b'{"model": "base", "messages": [{"role": "user", "content": "x"}], "think": true}', 400,
      "think: this model does not support thinking"),
-    ("/api/chat", b'{"model": "base", "messages": [{"role": "user", "content": "x"}], "format": {"type": "object"}}',
-     400, "format: structured output (JSON mode) is not supported"),
+    ("/api/chat", b'{"model": "base", "messages": [{"role": "user", "content": "x"}], "format": {"$ref": "#/no"}}',
+     400, "format / response_format: this JSON schema cannot be enforced"),
     ("/v1/chat/completions", (b'{"model": "base", "messages": [{"role": "user", "content": "x"}], '
-                              b'"response_format": {"type": "json_object"}}'), 400,
-     "response_format: structured output (JSON mode) is not supported"),
+                              b'"response_format": {"type": "json_schema", "json_schema": {"schema": '
+                              b'{"type": "object", "properties": {"a": {"type": "string", "pattern": "("}}}}}}'), 400,
+     "format / response_format: this JSON schema cannot be enforced"),
     ("/v1/completions", b'{"model": "base", "prompt": "x", "response_format": {"type": "json_schema"}}', 400,
      "response_format.json_schema.schema: required"),
     ("/v1/completions", b'{"model": "gguf", "prompt": "x", "response_format": {"type": "xml"}}', 400,
