@@ -25,6 +25,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 
 from gemmaforge import __version__
+from gemmaforge.console import console, escape
 from gemmaforge.errors import UserError
 from gemmaforge.export.ollama import GEMMA_TERMS
 from gemmaforge.inference.jobs import Delta, Event, Failed, Finished, Job, QueueFull
@@ -107,8 +108,10 @@ def create_app(registry: Registry, *, api_key: str | None = None, max_tokens: in
             served.engine.submit(job)
         except QueueFull as e:
             raise ApiError(503, f"the server is busy ({e}); retry shortly", "api_error", {"Retry-After": "1"}) from None
-        deadline = time.monotonic() + timeout_s
-        next_check = time.monotonic() + 0.5
+        begin = time.monotonic()
+        deadline = begin + timeout_s
+        next_check = begin + 0.5
+        outcome = "cancelled: the client went away"
         try:
             while True:
                 try:
@@ -125,12 +128,19 @@ def create_app(registry: Registry, *, api_key: str | None = None, max_tokens: in
                     continue
                 if isinstance(event, Finished) and event.reason == "cancelled":  # cut by the time limit
                     event = dataclasses.replace(event, reason="length")
+                if isinstance(event, Finished):
+                    outcome = f"{event.reason} after {event.completion_tokens} tokens"
+                elif isinstance(event, Failed):
+                    outcome = f"failed: {escape(event.message)}"
                 yield event
                 if isinstance(event, Finished | Failed):
                     return
         finally:
             job.cancelled.set()  # a client gone mid-stream (or any early exit) stops the generation
             registry.keep(served.name, keep)
+            # one line a request, as Ollama logs them: what ended it shows a client's stop button working
+            console.print(f"[bold]serve[/]: {request.method} {request.url.path} {served.name} ({len(ids)} prompt "
+                          f"tokens): {outcome}, {time.monotonic() - begin:.2f} s", highlight=False)
 
     # ------------------------------------------------------------------ Ollama
 
