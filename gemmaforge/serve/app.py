@@ -94,19 +94,20 @@ def create_app(registry: Registry, *, api_key: str | None = None, max_tokens: in
         """The request's model, loaded again if keep_alive had unloaded it, and the request's keep_alive."""
         served, keep = served_or_404(p.model_name(data)), p.keep_alive(data)
         try:  # on a thread: the registry's lock may be held while another model loads
-            served = await asyncio.to_thread(registry.ensure_loaded, served.name)
+            served = await asyncio.to_thread(registry.ensure_loaded, served.name, keep)
         except KeyError:  # removed meanwhile
             served_or_404(served.name)
         return served, keep
 
     async def events(served: Served, ids: list[int], params: p.Params, request: Request,
-                     stream: bool, keep: float | None) -> AsyncIterator[Event]:
+                     stream: bool) -> AsyncIterator[Event]:
         """Submit a job and yield its events; a disconnected client or the timeout cancels it. The model is
-        kept loaded for `keep` seconds after (see Registry.keep)."""
+        kept loaded after it as the latest request's keep_alive says (see Registry.keep)."""
         job = Job(ids, params, served.adapter, asyncio.get_running_loop(), stream)
         try:
             served.engine.submit(job)
         except QueueFull as e:
+            registry.keep(served.name)
             raise ApiError(503, f"the server is busy ({e}); retry shortly", "api_error", {"Retry-After": "1"}) from None
         begin = time.monotonic()
         deadline = begin + timeout_s
@@ -137,7 +138,7 @@ def create_app(registry: Registry, *, api_key: str | None = None, max_tokens: in
                     return
         finally:
             job.cancelled.set()  # a client gone mid-stream (or any early exit) stops the generation
-            registry.keep(served.name, keep)
+            registry.keep(served.name)
             # one line a request, as Ollama logs them: what ended it shows a client's stop button working
             console.print(f"[bold]serve[/]: {request.method} {request.url.path} {served.name} ({len(ids)} prompt "
                           f"tokens): {outcome}, {time.monotonic() - begin:.2f} s", highlight=False)
@@ -187,18 +188,22 @@ def create_app(registry: Registry, *, api_key: str | None = None, max_tokens: in
         generates it, the dialect renders the events, streamed or whole."""
         data = await body(request)
         served, keep = await ready(data)
-        completion = dialect.parse(data, served, chat)
-        if isinstance(completion, dict):  # a request that only loads the model, or with keep_alive 0 unloads it
-            registry.keep(served.name, keep)
-            return JSONResponse({**completion, "done_reason": "unload"} if keep == 0 else completion)
-        if completion.grammar:
-            try:
-                await asyncio.to_thread(served.engine.compile_grammar, completion.grammar)
-            except ValueError as e:
-                raise bad(f"format / response_format: this JSON schema cannot be enforced: {e}") from None
-        ids = served.engine.encode(completion.prompt)
-        stream = events(served, ids, p.sampling_params(completion, limits, len(ids), registry.num_ctx), request,
-                        completion.stream, keep)
+        try:
+            completion = dialect.parse(data, served, chat)
+            if isinstance(completion, dict):  # a request that only loads the model, or with keep_alive 0 unloads it
+                registry.keep(served.name)
+                return JSONResponse({**completion, "done_reason": "unload"} if keep == 0 else completion)
+            if completion.grammar:
+                try:
+                    await asyncio.to_thread(served.engine.compile_grammar, completion.grammar)
+                except ValueError as e:
+                    raise bad(f"format / response_format: this JSON schema cannot be enforced: {e}") from None
+            ids = served.engine.encode(completion.prompt)
+            params = p.sampling_params(completion, limits, len(ids), registry.num_ctx)
+        except ApiError:  # refused before it reached the engine: the model is no longer held for it
+            registry.keep(served.name)
+            raise
+        stream = events(served, ids, params, request, completion.stream)
         if completion.stream:
             first = await first_event(stream)  # a full queue is still a plain 503, before the stream starts
             return StreamingResponse(dialect.stream(completion, prepend(first, stream)), media_type=dialect.media_type)
@@ -218,11 +223,11 @@ def create_app(registry: Registry, *, api_key: str | None = None, max_tokens: in
     # ------------------------------------------------------------------ embeddings (embeddings.py)
 
     async def embed(data: dict[str, Any], request: emb.EmbedRequest) -> tuple[list[list[float]], int]:
-        served, keep = await ready(data)
+        served, _keep = await ready(data)
         try:
             return await embedded(served, request)
         finally:
-            registry.keep(served.name, keep)
+            registry.keep(served.name)
 
     async def embedded(served: Served, request: emb.EmbedRequest) -> tuple[list[list[float]], int]:
         if not request.truncate:

@@ -47,6 +47,7 @@ class Served:
     engine_key: Path | None = None  # the registry's key of its engine (a base model folder or GGUF file)
     loaded: bool = True  # False once keep_alive ran out: listed, loaded again by its next request
     expires_at: datetime | None = None  # when keep_alive runs out; None: loaded until the server stops
+    keep_alive: float | None = None  # the latest request's keep_alive (None: the server's --keep-alive)
 
     @property
     def digest(self) -> str:
@@ -235,12 +236,14 @@ class Registry:
                 self._release(served, close_base=served.adapter is None)
             return served
 
-    def ensure_loaded(self, name: str) -> Served:
-        """`name` for a request: loaded again if keep_alive had unloaded it, and held until keep() sets its expiry
-        after the request (KeyError when it is no longer served)."""
+    def ensure_loaded(self, name: str, keep_alive: float | None) -> Served:
+        """`name` for a request whose keep_alive is `keep_alive` (None: the server's): loaded again if keep_alive
+        had unloaded it, and held until keep() sets its expiry after the request (KeyError when it is no longer
+        served). As in Ollama, the latest request's keep_alive is the one that counts once the requests in flight
+        end: an eject (keep_alive 0) during another request unloads the model after it."""
         with self._lock:
             served = self.models[name]
-            served.expires_at = None
+            served.expires_at, served.keep_alive = None, keep_alive
             if not served.loaded:
                 engine = self._engine(cast(Path, served.engine_key), self._loaders[cast(Path, served.engine_key)])
                 if served.adapter is not None and served.adapter not in cast("TransformersEngine", engine).adapters:
@@ -248,14 +251,15 @@ class Registry:
                 served.engine, served.loaded = engine, True
             return served
 
-    def keep(self, name: str, seconds: float | None) -> None:
-        """After a request: keep `name` loaded for `seconds` (None: the server's --keep-alive; 0: unload now;
-        < 0: until the server stops)."""
+    def keep(self, name: str) -> None:
+        """After a request: keep `name` loaded for the latest request's keep_alive (0: unload now; < 0: until
+        the server stops)."""
         with self._lock:
             served = self.models.get(name)
             if served is None or not served.loaded:
                 return
-            served.expires_at = self._expiry(self.keep_alive if seconds is None else seconds)
+            seconds = self.keep_alive if served.keep_alive is None else served.keep_alive
+            served.expires_at = self._expiry(seconds)
             if seconds == 0 and served.engine.running() == 0:  # else once the requests in flight end (_expire)
                 self.unload(name)
 

@@ -316,7 +316,8 @@ def _loaded(client) -> dict[str, str]:
     return {m.model: m.expires_at for m in client.ps().models}
 
 
-def test_keep_alive_unloads_a_model_and_its_next_request_loads_it_again(client, server) -> None:
+def test_keep_alive_unloads_a_model_and_its_next_request_loads_it_again(client, server,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
     """Open WebUI's eject (keep_alive 0 with no prompt), a keep_alive that runs out, and the model loaded
     again by its next request, answering as before; /api/ps shows what is loaded and until when."""
     registry = server[1]
@@ -328,6 +329,20 @@ def test_keep_alive_unloads_a_model_and_its_next_request_loads_it_again(client, 
     assert not any(e.kind == "llamacpp" for e in registry.engines.values())  # its memory is freed
     assert client.chat(model="gguf", messages=HI, options=GREEDY).message.content == before["gguf"]
     assert "gguf:latest" in _loaded(client)
+    # an eject while an answer streams (Open WebUI's eject during a reply): the model stays for that answer and
+    # goes when it ends, as Ollama orders keep_alive (the latest request's counts, not the latest to finish)
+    monkeypatch.setattr(registry.get("base").engine, "stops", set())  # only the client may end this answer
+    body = {"model": "base", "prompt": "coffee", "options": {"num_predict": 4000, "temperature": 0}}
+    with httpx.stream("POST", server[0] + "/api/generate", json=body, timeout=30) as response:
+        assert json.loads(next(response.iter_lines()))["done"] is False
+        assert client.generate(model="base", prompt="", keep_alive=0).done_reason == "unload"
+        assert "base:latest" in _loaded(client)  # still answering
+    deadline = time.monotonic() + 10
+    while "base:latest" in _loaded(client) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert "base:latest" not in _loaded(client) and "tiny-coffee:latest" in _loaded(client)
+    monkeypatch.undo()
+    assert client.generate(model="base", prompt="coffee", options=GREEDY).done  # loaded again
 
     answer = client.chat(model="tiny-coffee", messages=HI, options=GREEDY, keep_alive="1s")
     assert answer.message.content == before["tiny-coffee"]
