@@ -50,9 +50,7 @@ def admin_routes(registry: Registry, served_or_404: Callable[[str], Served],
     @router.post("/api/copy")
     async def copy(request: Request) -> Response:
         data = await body(request)
-        source, destination = p.field(data, "source", str), p.field(data, "destination", str)
-        if not source or not destination:
-            raise bad("source and destination are required")
+        source, destination = p.required(data, "source", "destination")
         served_or_404(source)
         await _changing(asyncio.to_thread(registry.copy, source, destination), lambda: served_or_404(source))
         return Response(status_code=200)

@@ -271,9 +271,7 @@ def create_app(registry: Registry, *, api_key: str | None = None, max_tokens: in
     @app.post("/v1/load_lora_adapter")
     async def load_lora_adapter(request: Request) -> Response:
         data = await body(request)
-        name, path = p.field(data, "lora_name", str), p.field(data, "lora_path", str)
-        if not name or not path:
-            raise bad("lora_name and lora_path are required")
+        name, path = p.required(data, "lora_name", "lora_path")
         try:
             check_name(name, "lora_name")
             if registry.get(name) is not None:
@@ -290,9 +288,7 @@ def create_app(registry: Registry, *, api_key: str | None = None, max_tokens: in
 
     @app.post("/v1/unload_lora_adapter")
     async def unload_lora_adapter(request: Request) -> Response:
-        name = p.field(await body(request), "lora_name", str)
-        if not name:
-            raise bad("lora_name is required")
+        (name,) = p.required(await body(request), "lora_name")
         served = served_or_404(name)
         if served.adapter is None:
             raise bad(f"{served.name} is not a LoRA adapter")

@@ -95,6 +95,14 @@ def field(data: dict[str, Any], key: str, kind: type | tuple[type, ...], default
     return value
 
 
+def required(data: dict[str, Any], *keys: str) -> list[str]:
+    """The string fields `keys` of `data`, each present and not empty (else a 400 naming them all)."""
+    values = [field(data, key, str) for key in keys]
+    if not all(values):
+        raise bad(f"{' and '.join(keys)} {'is' if len(keys) == 1 else 'are'} required")
+    return values
+
+
 _DURATION = re.compile(r"([0-9]*\.?[0-9]+)(ns|us|µs|ms|s|m|h)")
 _SECONDS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
 

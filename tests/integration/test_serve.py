@@ -334,7 +334,8 @@ def test_keep_alive_unloads_a_model_and_its_next_request_loads_it_again(client, 
     monkeypatch.setattr(registry.get("base").engine, "stops", set())  # only the client may end this answer
     body = {"model": "base", "prompt": "coffee", "options": {"num_predict": 4000, "temperature": 0}}
     with httpx.stream("POST", server[0] + "/api/generate", json=body, timeout=30) as response:
-        assert json.loads(next(response.iter_lines()))["done"] is False
+        lines = response.iter_lines()  # kept: a discarded line iterator closes the connection when collected
+        assert json.loads(next(lines))["done"] is False
         assert client.generate(model="base", prompt="", keep_alive=0).done_reason == "unload"
         assert "base:latest" in _loaded(client)  # still answering
     deadline = time.monotonic() + 10
@@ -615,6 +616,10 @@ def test_openai_errors(oai) -> None:
     ("/v1/completions", b'{"model": "base", "prompt": ["a"]}', 400, "prompt: expected a string"),
     ("/api/nothing", b"{}", 404, "is not a route"),
     ("/v1/nothing", b"{}", 404, "is not a route"),
+    ("/api/copy", b'{"source": "base"}', 400, "source and destination are required"),
+    ("/api/copy", b'{"source": "base", "destination": 7}', 400, "destination: expected string, got number"),
+    ("/v1/load_lora_adapter", b'{"lora_name": "x", "lora_path": ""}', 400, "lora_name and lora_path are required"),
+    ("/v1/unload_lora_adapter", b"{}", 400, "lora_name is required"),
 ])
 def test_malformed_requests_get_4xx_in_the_apis_shape(server, path: str, payload: bytes, status: int,
                                                       message: str) -> None:
@@ -671,7 +676,8 @@ def test_a_client_that_disconnects_stops_its_generation(server, monkeypatch: pyt
     monkeypatch.setattr(engine, "stops", set())
     body = {"model": "base", "messages": HI, "options": {"num_predict": 4000, "temperature": 0}}
     with httpx.stream("POST", server[0] + "/api/chat", json=body, timeout=30) as response:
-        assert json.loads(next(response.iter_lines()))["done"] is False
+        lines = response.iter_lines()  # kept: a discarded line iterator closes the connection when collected
+        assert json.loads(next(lines))["done"] is False
         assert engine.running() == 1
     assert idle(engine, within_s=10)
     # the request's log line says what ended it
