@@ -19,10 +19,17 @@ class ChatFormat:
     turn_end: str  # closes a turn's content; followed by "\n"
     system_turn: bool  # True: system is its own turn; False: folded into the first user turn
     system_separator: str  # between folded system text and the first user text
+    tool_style: str  # "gemma4": its official tool tokens; "default": LLaMA-Factory's (tool_text.py)
+    thinking: bool  # has a thought channel (`think`)
+    # special tokens an answer may contain that carry its structure (thoughts, tool calls): decoded, not skipped
+    markers: tuple[str, ...] = ()
 
 
-GEMMA_TURNS = ChatFormat("<start_of_turn>", "<end_of_turn>", system_turn=False, system_separator="\n\n")
-GEMMA4_TURNS = ChatFormat("<|turn>", "<turn|>", system_turn=True, system_separator="")
+GEMMA_TURNS = ChatFormat("<start_of_turn>", "<end_of_turn>", system_turn=False, system_separator="\n\n",
+                         tool_style="default", thinking=False)
+GEMMA4_TURNS = ChatFormat("<|turn>", "<turn|>", system_turn=True, system_separator="", tool_style="gemma4",
+                          thinking=True,
+                          markers=("<|channel>", "<channel|>", "<|tool_call>", "<tool_call|>", '<|"|>'))
 
 
 @dataclass(frozen=True)
@@ -82,7 +89,7 @@ FAMILIES: dict[str, Family] = {
             gguf_arch="gemma4",
             gguf_norm_shift=False,
             chat=GEMMA4_TURNS,
-            stop=("<turn|>",),
+            stop=("<turn|>", "<|tool_response>"),  # a tool call ends with <|tool_response>: the tool answers next
             default_lora_targets=("q_proj", "k_proj", "v_proj", "o_proj"),
             attn_implementation="sdpa",
             fp16_safe=False,

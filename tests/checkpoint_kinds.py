@@ -409,6 +409,20 @@ def _tokenizer_files(kind: str, target: Path) -> None:
         (target / name).unlink(missing_ok=True)
 
 
+def write_gemma4_tokenizer(target: Path, tokenizer_dir: Path) -> Path:
+    """Only the tokenizer files of a Gemma 4 checkpoint (its special tokens at their real ids) in `target`."""
+    import shutil
+
+    from tests.tiny_models import TOKENIZER_FILES
+
+    target.mkdir(parents=True, exist_ok=True)
+    for name in TOKENIZER_FILES:
+        if (tokenizer_dir / name).is_file():
+            shutil.copy(tokenizer_dir / name, target / name)
+    _tokenizer_files("gemma4-e2b", target)
+    return target
+
+
 def _gemma4_processor_files(kind: str, target: Path) -> None:
     """processor_config.json in the nested form google/gemma-4-*-it ship (no preprocessor_config.json)."""
     image = {

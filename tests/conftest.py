@@ -11,6 +11,18 @@ from tests.tiny_models import build_tiny_gemma3
 
 
 @pytest.fixture(scope="session")
+def llamafactory_data() -> Path:
+    """LLaMA-Factory's own demo data folder (data/ with dataset_info.json), read where the project keeps it beside
+    this repository (../shared/llamafactory) or at $GEMMAFORGE_LLAMAFACTORY; never copied into the project."""
+    import os
+
+    for root in (os.environ.get("GEMMAFORGE_LLAMAFACTORY"), Path(__file__).parents[2] / "shared" / "llamafactory"):
+        if root and (Path(root) / "data" / "dataset_info.json").is_file():
+            return Path(root) / "data"
+    pytest.skip("LLaMA-Factory's demo data is not beside this checkout (set GEMMAFORGE_LLAMAFACTORY)")
+
+
+@pytest.fixture(scope="session")
 def embedded_model() -> ResolvedModel:
     """The real embedded Gemma 3 270M (converted once into the gemmaforge cache)."""
     return resolve_model(EMBEDDED_NAME, default_home())
@@ -21,6 +33,15 @@ def gemma3_tokenizer(embedded_model: ResolvedModel):
     from gemmaforge.models import load_tokenizer
 
     return load_tokenizer(embedded_model.path)
+
+
+@pytest.fixture(scope="session")
+def gemma4_tokenizer(tmp_path_factory: pytest.TempPathFactory, embedded_model: ResolvedModel):
+    """Gemma 4's tokenizer: Gemma 3's vocabulary with Gemma 4's special tokens in place (tests/checkpoint_kinds.py)."""
+    from gemmaforge.models import load_tokenizer
+    from tests.checkpoint_kinds import write_gemma4_tokenizer
+
+    return load_tokenizer(write_gemma4_tokenizer(tmp_path_factory.mktemp("gemma4-tokenizer"), embedded_model.path))
 
 
 @pytest.fixture(scope="session")

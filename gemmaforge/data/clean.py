@@ -79,5 +79,5 @@ def clean_messages(messages: list[Message], config: CleanConfig) -> tuple[list[M
             text, before = unicodedata.normalize(config.unicode_normalization, text), text
             if text != before:
                 changes.add("unicode")
-        cleaned.append({"role": message["role"], "content": text})
+        cleaned.append({**message, "content": text})
     return cleaned, changes

@@ -3,8 +3,10 @@
 A `Schema` names the columns and role tags of one dataset shape, with the same keys and defaults as
 LLaMA-Factory's `dataset_info.json` (`columns`, `tags`), so a LLaMA-Factory dataset entry and a plain
 file share one converter. Three formattings: alpaca (instruction/input/output, optional system and
-history), sharegpt (`conversations` of from/value with human/gpt/system tags) and openai (`messages`
-of role/content).
+history), sharegpt (`conversations` of from/value with human/gpt/system tags, and LLaMA-Factory's tool turns:
+function_call holding the call as JSON, observation holding the result) and openai (`messages` of role/content,
+with OpenAI's assistant tool_calls and tool messages). A `tools` column (LLaMA-Factory's, OpenAI's fine-tuning
+files') lists the tools a conversation offers.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from typing import Any, Literal
 
 from gemmaforge.errors import UserError
 from gemmaforge.templates import Message, check_roles
+from gemmaforge.tool_text import Tool, ToolCall, normalize_call, normalize_tool
 
 Formatting = Literal["alpaca", "sharegpt", "openai"]
 FORMATTINGS: tuple[Formatting, ...] = ("alpaca", "sharegpt", "openai")
@@ -37,8 +40,9 @@ class Schema:
     system_tag: str = "system"
     observation_tag: str = "observation"
     function_tag: str = "function_call"
-    # both: a column holding the system prompt
+    # both: a column holding the system prompt, and one holding the tools offered (a JSON list or its text)
     system: str | None = "system"
+    tools: str | None = "tools"
 
     def describe(self) -> str:
         if self.formatting == "alpaca":
@@ -55,13 +59,12 @@ def default_schema(formatting: Formatting) -> Schema:
     return Schema(formatting)
 
 
-COLUMN_KEYS = ("prompt", "query", "response", "history", "messages", "system")
+COLUMN_KEYS = ("prompt", "query", "response", "history", "messages", "system", "tools")
 TAG_KEYS = ("role_tag", "content_tag", "user_tag", "assistant_tag", "system_tag", "observation_tag", "function_tag")
-# LLaMA-Factory column keys for data we cannot train on (images, preference pairs, tools).
+# LLaMA-Factory column keys for data we cannot train on (images, preference pairs).
 UNSUPPORTED_COLUMNS = {
     "images": "multimodal data", "videos": "multimodal data", "audios": "multimodal data",
     "chosen": "preference (ranking) data", "rejected": "preference (ranking) data", "kto_tag": "KTO data",
-    "tools": "tool definitions",
 }
 
 
@@ -101,7 +104,8 @@ def detect_schema(record: Any, where: str) -> Schema:
 
 
 def to_messages(record: Any, schema: Schema, where: str, default_system: str | None = None) -> list[Message]:
-    """One record as messages: optional system, then user/assistant alternating, ending with an answer."""
+    """One record as messages: optional system (carrying the tools offered, if any), then user/assistant turns
+    with tool results after the calls, ending with an answer."""
     if not isinstance(record, dict):
         raise UserError(f"{where}: expected a JSON object, got {type(record).__name__}")
     if schema.formatting == "alpaca":
@@ -112,8 +116,37 @@ def to_messages(record: Any, schema: Schema, where: str, default_system: str | N
         system = _optional_text(record, schema.system, where) or default_system
         if system:
             messages.insert(0, {"role": "system", "content": system})
+    tools = _tools(record, schema, where)
+    if tools:
+        if messages[0]["role"] != "system":
+            messages.insert(0, {"role": "system", "content": ""})
+        messages[0] = {**messages[0], "tools": tools}
     check_roles(messages, where, require_answer=True)
     return messages
+
+
+def _tools(record: dict[str, Any], schema: Schema, where: str) -> list[Tool]:
+    """The tools column: a list of tool definitions, or its JSON text (as LLaMA-Factory's datasets hold it)."""
+    value = record.get(schema.tools) if schema.tools else None
+    if isinstance(value, str):
+        if not value.strip():
+            return []
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError as e:
+            raise UserError(f"{where}: field '{schema.tools}' is not valid JSON ({e.msg})") from None
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        raise UserError(f"{where}: field '{schema.tools}' must be a list of tool definitions")
+    return [_checked(normalize_tool, tool, f"{where}: {schema.tools}[{i}]") for i, tool in enumerate(value)]
+
+
+def _checked(normalize: Any, value: Any, where: str) -> Any:
+    try:
+        return normalize(value, where)
+    except ValueError as e:
+        raise UserError(str(e)) from None
 
 
 def _alpaca(record: dict[str, Any], schema: Schema, where: str) -> list[Message]:
@@ -144,31 +177,62 @@ def _turns(record: dict[str, Any], schema: Schema, where: str) -> list[Message]:
             pass
     if not isinstance(turns, list) or not turns:
         raise UserError(f"{where}: field '{schema.messages}' is missing or not a non-empty list of turns")
-    roles = {schema.user_tag: "user", schema.assistant_tag: "assistant", schema.system_tag: "system"}
+    roles = {schema.user_tag: "user", schema.assistant_tag: "assistant", schema.system_tag: "system",
+             schema.observation_tag: "tool", schema.function_tag: "function_call"}
     if schema.formatting == "openai":
-        roles["developer"] = "system"
-    tools = {schema.observation_tag, schema.function_tag, "tool", "function"}
+        roles.update(developer="system", tool="tool")
     messages: list[Message] = []
     for i, turn in enumerate(turns):
+        at = f"{where}: turn {i + 1}"
         if not isinstance(turn, dict):
-            raise UserError(f"{where}: turn {i + 1} is not an object with {schema.role_tag}/{schema.content_tag}")
+            raise UserError(f"{at} is not an object with {schema.role_tag}/{schema.content_tag}")
         tag = turn.get(schema.role_tag)
-        if tag in tools:
-            raise UserError(f"{where}: turn {i + 1} has role '{tag}': tool and function-call turns are not supported")
         if tag not in roles:
             expected = ", ".join(f"'{t}'" for t in roles)
-            raise UserError(f"{where}: turn {i + 1} has unknown role '{tag}' ({schema.role_tag}); "
-                            f"expected one of: {expected}")
+            raise UserError(f"{at} has unknown role '{tag}' ({schema.role_tag}); expected one of: {expected}")
         role = roles[tag]
         if role == "system" and i > 0:
-            raise UserError(f"{where}: turn {i + 1} is a system message; only the first turn may be one")
+            raise UserError(f"{at} is a system message; only the first turn may be one")
         content = turn.get(schema.content_tag)
+        if role == "function_call":  # LLaMA-Factory: {"name", "arguments"} (or a list of them) as JSON text
+            messages.append({"role": "assistant", "content": "", "tool_calls": _function_call(content, at)})
+            continue
+        calls = turn.get("tool_calls") if role == "assistant" else None  # OpenAI's shape
+        if content is None and calls:
+            content = ""
         if not isinstance(content, str):
-            raise UserError(f"{where}: turn {i + 1}: '{schema.content_tag}' is missing or not a string")
-        if role == "system" and not content.strip():
+            raise UserError(f"{at}: '{schema.content_tag}' is missing or not a string")
+        if role == "system" and not content.strip() and not turn.get("tools"):
             continue  # an empty system prompt is no system prompt
-        messages.append({"role": role, "content": content})
+        message: Message = {"role": role, "content": content}
+        if calls:
+            if not isinstance(calls, list):
+                raise UserError(f"{at}: tool_calls must be a list")
+            message["tool_calls"] = [_checked(normalize_call, c, f"{at}: tool_calls[{j}]") for j, c in enumerate(calls)]
+        thinking = turn.get("thinking", turn.get("reasoning_content")) if role == "assistant" else None
+        if thinking:
+            message["thinking"] = _text(thinking, f"{at}: thinking")
+        if role == "tool":
+            message.update({k: _text(turn[k], f"{at}: {k}") for k in ("name", "tool_call_id") if turn.get(k)})
+        if role == "system" and turn.get("tools"):  # as train.jsonl writes a conversation's tools
+            message["tools"] = _tools({"tools": turn["tools"]}, replace(schema, tools="tools"), at)
+        messages.append(message)
     return messages
+
+
+def _function_call(content: Any, where: str) -> list[ToolCall]:
+    try:
+        calls = json.loads(content) if isinstance(content, str) else None
+    except json.JSONDecodeError as e:
+        raise UserError(f"{where}: a function_call turn must hold its call as JSON ({e.msg})") from None
+    calls = calls if isinstance(calls, list) else [calls]
+    return [_checked(normalize_call, call, f"{where}: function_call") for call in calls]
+
+
+def _text(value: Any, where: str) -> str:
+    if not isinstance(value, str):
+        raise UserError(f"{where}: expected a string")
+    return value
 
 
 def _required_text(record: dict[str, Any], key: str, where: str, hint: str) -> str:

@@ -17,16 +17,16 @@ from gemmaforge.data.formats import Schema, detect_schema, to_messages
 from gemmaforge.data.prepare import describe_lengths
 from gemmaforge.data.sources import data_files, iter_records
 from gemmaforge.families import Family
-from gemmaforge.templates import IGNORE_INDEX, Message, render_conversation, supervised_labels
+from gemmaforge.templates import IGNORE_INDEX, Message, check_features, render_conversation, supervised_labels
 
 
-def conversations(path: Path, schema: Schema | None, system: str | None) -> Iterator[list[Message]]:
+def conversations(path: Path, schema: Schema | None, system: str | None) -> Iterator[tuple[str, list[Message]]]:
     for file in data_files(path):
         file_schema = schema
         for where, record in iter_records(file):
             if file_schema is None:
                 file_schema = detect_schema(record, where)
-            yield to_messages(record, file_schema, where, system)
+            yield where, to_messages(record, file_schema, where, system)
 
 
 def encode(
@@ -56,7 +56,8 @@ def inspect_file(
     cutoff_len, as training sees it). Text mode: `limit` samples highlighted, then a length summary."""
     out = Console(file=sys.stdout, soft_wrap=True, highlight=False)
     lengths, supervised, over = [], [], 0
-    for i, messages in enumerate(conversations(path, schema, system)):
+    for i, (where, messages) in enumerate(conversations(path, schema, system)):
+        check_features(messages, family, where)
         text, ids, labels, offsets = encode(
             messages, tokenizer, family, train_on_prompt=train_on_prompt, mask_history=mask_history
         )

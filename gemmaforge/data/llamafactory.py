@@ -86,8 +86,8 @@ def _entry(info_path: Path, name: str, info: dict[str, Any]) -> SourceSpec:
     for key, value in (("columns", columns), ("tags", tags)):
         if value is not None and not isinstance(value, dict):
             raise UserError(f"{where}: {key} must be an object")
-    # LLaMA-Factory reads `system` and `history` columns only when mapped.
-    base = replace(default_schema(formatting), system=None, history=None)
+    # LLaMA-Factory reads `system`, `history` and `tools` columns only when mapped.
+    base = replace(default_schema(formatting), system=None, history=None, tools=None)
     schema = schema_with(base, columns, tags if formatting != "alpaca" else None, where)
     num_samples = entry.get("num_samples")
     if num_samples is not None and (not isinstance(num_samples, int) or num_samples < 1):

@@ -34,7 +34,7 @@ from gemmaforge.data.sources import data_files, file_sha256, iter_records
 from gemmaforge.errors import UserError
 from gemmaforge.families import Family
 from gemmaforge.runs import atomic_write_text
-from gemmaforge.templates import Message, Rendered, render_conversation
+from gemmaforge.templates import Message, Rendered, check_features, has_content, render_conversation
 
 BATCH_SIZE = 512  # conversations tokenized per call: the fast tokenizer's batching amortises its overhead
 OUTPUTS = ("train.jsonl", "val.jsonl", "stats.json")
@@ -82,6 +82,7 @@ class Preparer:
         self.progress = progress
         self.dedup = Deduplicator(config.clean.dedup, config.clean.near_dup_threshold)
         self.lengths: array[int] = array("I")
+        self.with_tools = 0  # conversations that offer tools (a run trained on them serves tools)
         self.supervised: array[int] = array("I")
 
     def run(self, spec: SourceSpec, out: IO[str], seed: int) -> Tally:
@@ -117,7 +118,8 @@ class Preparer:
     def _convert(self, record: Any, schema: Any, where: str, tally: Tally) -> list[Message] | None:
         clean = self.config.clean
         messages = to_messages(record, schema, where, self.config.system)
-        empty = next((m for m in messages if not m["content"].strip()), None)
+        check_features(messages, self.family, where)
+        empty = next((m for m in messages if not has_content(m)), None)
         if empty is not None:
             if not clean.drop_empty:
                 raise UserError(
@@ -128,10 +130,11 @@ class Preparer:
             return None
         messages, changes = clean_messages(messages, clean)
         tally.changed.update(changes)
-        if any(not m["content"].strip() for m in messages):
+        if not all(map(has_content, messages)):
             tally.dropped["empty_after_cleaning"] += 1
             return None
-        verdict = self.dedup.check("\n".join(m["content"].strip() for m in messages))
+        verdict = self.dedup.check("\n".join(m["content"].strip() + (json.dumps(m["tool_calls"]) if m.get("tool_calls")
+                                                                      else "") for m in messages))
         if verdict:
             tally.dropped[verdict] += 1
             return None
@@ -164,6 +167,7 @@ class Preparer:
             self.supervised.append(count_in_spans(offsets, view.supervised))
             out.write(json.dumps({"messages": messages}, ensure_ascii=False) + "\n")
             tally.kept += 1
+            self.with_tools += bool(messages[0].get("tools"))
 
     def _truncate(self, messages: list[Message]) -> tuple[list[Message], list[tuple[int, int]]] | None:
         """Cut the last answer so the whole conversation fits cutoff_len tokens (its end-of-turn kept,
@@ -171,7 +175,7 @@ class Preparer:
         answer = messages[-1]["content"].strip()
         keep = len(answer)
         while True:
-            candidate = [*messages[:-1], {"role": "assistant", "content": answer[:keep].strip()}]
+            candidate = [*messages[:-1], {**messages[-1], "content": answer[:keep].strip()}]
             rendered = render_conversation(candidate, self.family)
             (offsets,) = token_offsets(self.tokenizer, [rendered.text])
             if len(offsets) <= self.cutoff_len:
@@ -280,6 +284,7 @@ def _stats(
         "val": n_val,
         "dropped": dict(dropped),
         "changed": dict(changed),
+        "tool_conversations": preparer.with_tools,
         "tokens": describe_lengths(preparer.lengths),
         "supervised_tokens": describe_lengths(preparer.supervised),
         "template": family.name,

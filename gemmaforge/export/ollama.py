@@ -53,6 +53,17 @@ def pick_gguf(run: RunDir, config: RunConfig) -> Path:
 _PROJECTOR_OLLAMA = {"gemma3": "0.11.11", "gemma4": "0.30.0"}
 
 
+def prompt_format(family: Family) -> list[str]:
+    """How Ollama renders prompts for the family. Gemma 4: Ollama's built-in renderer and parser, Google's official
+    template in Go (tools, thinking, tool calls read back), which Ollama picks for any gemma4 GGUF whatever its
+    TEMPLATE; named here so that it is the small-model variant training used (no empty thought channel after
+    the generation prompt), which Ollama would not pick for a model of 12B parameters or more."""
+    if family.chat.tool_style == "gemma4":
+        return ["# Ollama >= 0.21.0: its Gemma 4 renderer (Google's chat template: tools, thinking) and parser",
+                "RENDERER gemma4-small", "PARSER gemma4"]
+    return [f'TEMPLATE """{ollama_template(family)}"""']
+
+
 def render_modelfile(gguf_relpath: str, family: Family, config: RunConfig, adapter_relpath: str | None = None,
                      mmproj_relpath: str | None = None) -> str:
     o = config.export.ollama
@@ -68,7 +79,7 @@ def render_modelfile(gguf_relpath: str, family: Family, config: RunConfig, adapt
         f"FROM {gguf_relpath}",
         *projector,
         *([f"ADAPTER {adapter_relpath}"] if adapter_relpath else []),
-        f'TEMPLATE """{ollama_template(family)}"""',
+        *prompt_format(family),
     ]
     system = config.deployed_system
     if system:

@@ -163,6 +163,28 @@ class TextStream:
         return delta
 
 
+def marker_ids(tokenizer: Any, family: Family) -> dict[int, str]:
+    """The ids of the family's structure markers (ChatFormat.markers) in a Hugging Face tokenizer."""
+    vocab = tokenizer.get_vocab()
+    return {vocab[m]: m for m in family.chat.markers if m in vocab}
+
+
+def decode_with_markers(ids: list[int], markers: dict[int, str], decode: Any) -> str:
+    """`decode(ids)` (which skips special tokens) with the chat format's structure markers (ChatFormat.markers:
+    thought channels, tool calls) written out rather than skipped: each run between markers decoded alone."""
+    if not markers or not any(i in markers for i in ids):
+        return str(decode(ids))
+    parts: list[str] = []
+    run: list[int] = []
+    for token in ids:
+        if token in markers:
+            parts += [decode(run) if run else "", markers[token]]
+            run = []
+        else:
+            run.append(token)
+    return "".join(parts) + (decode(run) if run else "")
+
+
 class Engine(Protocol):
     """What the registry and the routes may touch of an engine (TransformersEngine, LlamaCppEngine)."""
 

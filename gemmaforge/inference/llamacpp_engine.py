@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from gemmaforge.families import Family
-from gemmaforge.inference.jobs import Answer, Finished, Job, QueueFull, TextStream
+from gemmaforge.inference.jobs import Answer, Finished, Job, QueueFull, TextStream, decode_with_markers
 
 
 class LlamaCppEngine:
@@ -29,6 +29,8 @@ class LlamaCppEngine:
         self.family, self.num_ctx, self.path = family, num_ctx, gguf
         self.files = files or [gguf]  # every shard of a split file (llama.cpp opens the first)
         self.stops = {self.llm.token_eos(), *(self.encode(s)[0] for s in family.stop)}
+        # decoded, not skipped (see ChatFormat.markers); a marker is one special token of the vocabulary
+        self.markers = {ids[0]: m for m in family.chat.markers if len(ids := self.encode(m)) == 1}
         self._jobs: queue.Queue[Job | None] = queue.Queue(maxsize=max_queue)
         self._busy = 0
         self._closed = False
@@ -40,6 +42,10 @@ class LlamaCppEngine:
 
     def encode(self, text: str) -> list[int]:
         return self.llm.tokenize(text.encode(), add_bos=False, special=True)
+
+    def _decode(self, ids: list[int]) -> str:
+        return decode_with_markers(ids, self.markers,
+                                   lambda run: self.llm.detokenize(run).decode("utf-8", errors="replace"))
 
     def submit(self, job: Job) -> None:
         if self._closed:
@@ -135,7 +141,7 @@ class LlamaCppEngine:
         self.llm.set_seed(seed)
         # the penalty window is read from this attribute when generate() builds its sampler
         self.llm.last_n_tokens_size = params.repeat_last_n if params.repeat_last_n >= 0 else self.num_ctx
-        stream = TextStream(lambda ids: self.llm.detokenize(ids).decode("utf-8", errors="replace"), params.stop)
+        stream = TextStream(self._decode, params.stop)
         answer = Answer(job, stream, self.num_ctx)
         tokens = self.llm.generate(
             job.prompt_ids, top_k=params.top_k if params.temperature > 0 else 1, top_p=params.top_p,

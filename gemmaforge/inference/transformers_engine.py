@@ -26,7 +26,7 @@ import torch
 
 from gemmaforge.families import Family
 from gemmaforge.inference.constrained import Grammars, Matcher
-from gemmaforge.inference.jobs import Answer, Finished, Job, QueueFull, TextStream
+from gemmaforge.inference.jobs import Answer, Finished, Job, QueueFull, TextStream, decode_with_markers, marker_ids
 from gemmaforge.inference.sampling import choose_token, new_generator
 from gemmaforge.models import fast_last_position_logits
 
@@ -72,6 +72,7 @@ class TransformersEngine:
         self.max_prefill_tokens = max_prefill_tokens  # padded prompt tokens in one prefill forward (its memory)
         self.stops = {tokenizer.eos_token_id, *tokenizer.convert_tokens_to_ids(list(family.stop))}
         self.grammars = Grammars(tokenizer, sorted(self.stops))
+        self.markers = marker_ids(tokenizer, family)  # decoded, not skipped (see ChatFormat.markers)
         # transformers 5.x renamed `past_key_values` to `cache` (the old name warns, then goes in 5.40)
         self._cache_kw = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
         self._waiting: deque[Job] = deque()
@@ -360,7 +361,7 @@ class TransformersEngine:
                 job.emit(Finished("cancelled", len(job.prompt_ids), 0, 0, 0))
 
     def _decode(self, ids: list[int]) -> str:
-        return self.tokenizer.decode(ids, skip_special_tokens=True)
+        return decode_with_markers(ids, self.markers, lambda run: self.tokenizer.decode(run, skip_special_tokens=True))
 
 
 def _join(batch: _Batch | None, new: _Batch) -> _Batch:

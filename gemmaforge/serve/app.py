@@ -179,7 +179,9 @@ def create_app(registry: Registry, *, api_key: str | None = None, max_tokens: in
         return {"license": GEMMA_TERMS, "modelfile": f"# served by gemmaforge from {served.source}\n",
                 "parameters": parameters, "template": ollama_template(served.family), "system": served.system or "",
                 "details": served.details, "model_info": {"general.architecture": served.family.gguf_arch},
-                "capabilities": ["completion"], "modified_at": served.modified_at}
+                "capabilities": ["completion", *(["tools"] if served.tools else []),
+                                 *(["thinking"] if served.family.chat.thinking else [])],
+                "modified_at": served.modified_at}
 
     app.include_router(admin_routes(registry, served_or_404, body))
 

@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import json
 import time
+import uuid
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from typing import Any
 
+from gemmaforge.answers import AnswerReader, Pieces, read_whole
 from gemmaforge.inference.jobs import Delta, Event, Finished
 from gemmaforge.serve.protocol import (
     OLLAMA_DEFAULTS,
@@ -21,6 +23,7 @@ from gemmaforge.serve.protocol import (
     messages_of,
     refuse_unsupported,
     stops,
+    tools_of,
 )
 from gemmaforge.serve.registry import Served
 
@@ -37,22 +40,47 @@ class OllamaDialect:
         if not (data.get("messages") if chat else data.get("prompt") or data.get("raw")):  # loads the model
             empty = {"message": {"role": "assistant", "content": ""}} if chat else {"response": ""}
             return {"model": data["model"], "created_at": now(), **empty, "done": True, "done_reason": "load"}
-        prompt = chat_prompt(served, messages_of(data)) if chat else generate_prompt(served, data)
+        think, tools = think_of(data), tools_of(data) if chat else []
+        if chat:
+            prompt = chat_prompt(served, messages_of(data), tools, think)
+        else:
+            if data.get("tools"):
+                raise bad("tools: /api/generate takes no tools; use /api/chat")
+            prompt = generate_prompt(served, data, think)
         options = field(data, "options", dict, {})
+        raw = not chat and field(data, "raw", bool, False)
         return Completion(data["model"], prompt, chat, field(data, "stream", bool, True), options_of(served, options),
-                          stops(options, "options."), grammar=format_of(data))
+                          stops(options, "options."), grammar=format_of(data),
+                          reading=None if raw else served.family.chat, tools=bool(tools))
 
     async def stream(self, c: Completion, events: AsyncIterator[Event]) -> AsyncIterator[bytes]:
+        reader = AnswerReader(c.reading, c.tools) if c.reading else None
+        calls = 0
         async for event in events:
             if isinstance(event, Delta):
-                yield ndjson(_chunk(c, event.text, done=False))
+                pieces = reader.feed(event.text) if reader else Pieces(event.text)
+                if pieces.content or pieces.thinking or pieces.tool_calls:
+                    yield ndjson(_chunk(c, pieces, calls, done=False))
+                    calls += len(pieces.tool_calls)
             elif isinstance(event, Finished):
-                yield ndjson(_chunk(c, "", **_final(c, event)))
+                pieces = reader.finish() if reader else Pieces()
+                if pieces.content or pieces.thinking or pieces.tool_calls:
+                    yield ndjson(_chunk(c, pieces, calls, done=False))
+                yield ndjson(_chunk(c, Pieces(), 0, **_final(c, event)))
             else:
                 yield ndjson({"error": event.message})
 
     def whole(self, c: Completion, text: str, end: Finished) -> dict[str, Any]:
-        return _chunk(c, text, **_final(c, end))
+        pieces = read_whole(c.reading, c.tools, text) if c.reading else Pieces(text)
+        return _chunk(c, pieces, 0, **_final(c, end))
+
+
+def think_of(data: dict[str, Any]) -> bool:
+    """Ollama's `think`: true/false, or a level ("high", "medium", "low") that Gemma takes as on."""
+    value = field(data, "think", (bool, str), False)
+    if isinstance(value, str) and value not in ("high", "medium", "low"):
+        raise bad(f"think: {value!r} is not supported; expected true, false, high, medium or low")
+    return bool(value)
 
 
 def format_of(data: dict[str, Any]) -> str | None:
@@ -80,8 +108,18 @@ def options_of(served: Served, options: dict[str, Any]) -> dict[str, Any]:
     return merged
 
 
-def _chunk(c: Completion, text: str, **extra: Any) -> dict[str, Any]:
-    content = {"message": {"role": "assistant", "content": text}} if c.chat else {"response": text}
+def _chunk(c: Completion, pieces: Pieces, first_call: int, **extra: Any) -> dict[str, Any]:
+    if c.chat:
+        message: dict[str, Any] = {"role": "assistant", "content": pieces.content}
+        if pieces.thinking:
+            message["thinking"] = pieces.thinking
+        if pieces.tool_calls:
+            message["tool_calls"] = [{"id": f"call_{uuid.uuid4().hex[:8]}", "function": {
+                "index": first_call + i, "name": call["name"], "arguments": call["arguments"]}}
+                for i, call in enumerate(pieces.tool_calls)]
+        content: dict[str, Any] = {"message": message}
+    else:
+        content = {"response": pieces.content, **({"thinking": pieces.thinking} if pieces.thinking else {})}
     return {"model": c.model, "created_at": now(), **content, **extra}
 
 

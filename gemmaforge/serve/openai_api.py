@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator
 from datetime import datetime
 from typing import Any
 
+from gemmaforge.answers import AnswerReader, Pieces, read_whole
 from gemmaforge.inference.jobs import Delta, Event, Finished
 from gemmaforge.serve.protocol import (
     OLLAMA_DEFAULTS,
@@ -21,18 +22,21 @@ from gemmaforge.serve.protocol import (
     generate_prompt,
     json_schema,
     messages_of,
-    refuse_tools,
     stops,
+    tools_of,
 )
 from gemmaforge.serve.registry import Served
+from gemmaforge.tool_text import ToolCall
 
 
 class OpenAIDialect:
     media_type = "text/event-stream"
 
     def parse(self, data: dict[str, Any], served: Served, chat: bool) -> Completion:
+        tools: list[Any] = []
         if chat:
-            prompt = chat_prompt(served, messages_of(data, openai=True))
+            tools = tools_of(data) if tool_choice(data) == "auto" else []
+            prompt = chat_prompt(served, messages_of(data, openai=True), tools, think_of(data))
         elif isinstance(data.get("prompt"), str):
             prompt = generate_prompt(served, {"prompt": data["prompt"]})
         else:
@@ -41,18 +45,26 @@ class OpenAIDialect:
         include_usage = stream and field(field(data, "stream_options", dict, {}), "include_usage", bool, False,
                                          "stream_options.")
         return Completion(data["model"], prompt, chat, stream, options_of(served, data), stops(data), include_usage,
-                          grammar=response_format(data))
+                          grammar=response_format(data), reading=served.family.chat if chat else None,
+                          tools=bool(tools))
 
     async def stream(self, c: Completion, events: AsyncIterator[Event]) -> AsyncIterator[bytes]:
         answer = _Answer(c)
+        reader = AnswerReader(c.reading, c.tools) if c.reading else None
         if c.chat:
             yield sse(answer.envelope([{"index": 0, "delta": {"role": "assistant", "content": ""},
                                         "finish_reason": None}], True))
         async for event in events:
             if isinstance(event, Delta):
-                yield sse(answer.envelope([answer.choice(event.text, None, True)], True))
+                pieces = reader.feed(event.text) if reader else Pieces(event.text)
+                if pieces.content or pieces.thinking or pieces.tool_calls or not c.chat:
+                    yield sse(answer.envelope([answer.choice(pieces, None, True)], True))
             elif isinstance(event, Finished):
-                yield sse(answer.envelope([answer.choice(None if c.chat else "", finish_reason(event), True)], True))
+                pieces = reader.finish() if reader else Pieces()
+                if pieces.content or pieces.thinking or pieces.tool_calls:
+                    yield sse(answer.envelope([answer.choice(pieces, None, True)], True))
+                yield sse(answer.envelope([answer.choice(None if c.chat else Pieces(), answer.finish_reason(event),
+                                                         True)], True))
                 if c.include_usage:
                     yield sse(answer.envelope([], True, usage=usage(event)))
             else:
@@ -61,7 +73,28 @@ class OpenAIDialect:
 
     def whole(self, c: Completion, text: str, end: Finished) -> dict[str, Any]:
         answer = _Answer(c)
-        return answer.envelope([answer.choice(text, finish_reason(end), False)], False, usage=usage(end))
+        pieces = read_whole(c.reading, c.tools, text) if c.reading else Pieces(text)
+        choice = answer.choice(pieces, None, False)
+        return answer.envelope([{**choice, "finish_reason": answer.finish_reason(end)}], False, usage=usage(end))
+
+
+def tool_choice(data: dict[str, Any]) -> str:
+    """OpenAI's tool_choice: "auto" (the default) offers the tools, "none" does not; forcing calls is not
+    something the chat template can express."""
+    choice = data.get("tool_choice", "auto")
+    if choice not in ("auto", "none"):
+        raise bad("tool_choice: only \"auto\" and \"none\" are supported (the model decides whether to call)")
+    return str(choice)
+
+
+def think_of(data: dict[str, Any]) -> bool:
+    """Thinking as OpenAI-compatible servers take it: reasoning_effort (or reasoning.effort) other than "none"."""
+    effort = field(data, "reasoning_effort", str)
+    if effort is None:
+        effort = field(field(data, "reasoning", dict, {}), "effort", str, None, "reasoning.")
+    if effort is not None and effort not in ("none", "minimal", "low", "medium", "high"):
+        raise bad(f"reasoning_effort: {effort!r} is not supported; expected none, minimal, low, medium or high")
+    return effort not in (None, "none")
 
 
 def response_format(data: dict[str, Any]) -> str | None:
@@ -86,7 +119,6 @@ def options_of(served: Served, data: dict[str, Any]) -> dict[str, Any]:
             raise bad(f"{key}: not supported (use 0); repeat penalties are set through the Ollama API's options")
     if field(data, "n", int, 1) != 1:
         raise bad("n: only one choice per request is supported")
-    refuse_tools(data)
     merged = {**OLLAMA_DEFAULTS, **served.options, "temperature": 1.0, "top_p": 1.0}
     for key in ("temperature", "top_p"):
         merged[key] = float(field(data, key, float, merged[key]))
@@ -102,27 +134,41 @@ class _Answer:
         self.c, self.created = c, int(time.time())
         self.ident = f"{'chatcmpl' if c.chat else 'cmpl'}-{uuid.uuid4().hex[:24]}"
         self.kind = "chat.completion" if c.chat else "text_completion"
+        self.calls = 0  # tool calls sent so far (their stream index; the finish reason)
 
     def envelope(self, choices: list[dict[str, Any]], chunked: bool, **extra: Any) -> dict[str, Any]:
         return {"id": self.ident, "object": self.kind + (".chunk" if chunked and self.c.chat else ""),
                 "created": self.created, "model": self.c.model, "system_fingerprint": "fp_gemmaforge",
                 "choices": choices, **extra}
 
-    def choice(self, text: str | None, reason: str | None, chunked: bool) -> dict[str, Any]:
+    def choice(self, pieces: Pieces | None, reason: str | None, chunked: bool) -> dict[str, Any]:
         if not self.c.chat:
-            return {"text": text or "", "index": 0, "logprobs": None, "finish_reason": reason}
+            return {"text": pieces.content if pieces else "", "index": 0, "logprobs": None, "finish_reason": reason}
         key = "delta" if chunked else "message"
-        content = {} if text is None else {"content": text}
-        return {"index": 0, key: {"role": "assistant", **content} if not chunked else content, "finish_reason": reason}
+        if pieces is None:
+            return {"index": 0, key: {}, "finish_reason": reason}
+        message: dict[str, Any] = {} if chunked else {"role": "assistant"}
+        if pieces.content or not chunked:
+            message["content"] = pieces.content or (None if pieces.tool_calls else "")
+        if pieces.thinking:
+            message["reasoning_content"] = pieces.thinking
+        if pieces.tool_calls:
+            message["tool_calls"] = [self.call(call, chunked) for call in pieces.tool_calls]
+        return {"index": 0, key: message, "finish_reason": reason}
+
+    def call(self, call: ToolCall, chunked: bool) -> dict[str, Any]:
+        self.calls += 1
+        function = {"name": call["name"], "arguments": json.dumps(call["arguments"], ensure_ascii=False)}
+        return {**({"index": self.calls - 1} if chunked else {}), "id": f"call_{uuid.uuid4().hex[:24]}",
+                "type": "function", "function": function}
+
+    def finish_reason(self, f: Finished) -> str:
+        return "length" if f.reason == "length" else "tool_calls" if self.calls else "stop"
 
 
 def usage(f: Finished) -> dict[str, int]:
     return {"prompt_tokens": f.prompt_tokens, "completion_tokens": f.completion_tokens,
             "total_tokens": f.prompt_tokens + f.completion_tokens}
-
-
-def finish_reason(f: Finished) -> str:
-    return "length" if f.reason == "length" else "stop"
 
 
 def model_object(m: Served) -> dict[str, Any]:

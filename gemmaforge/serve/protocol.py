@@ -13,14 +13,16 @@ from dataclasses import dataclass
 from dataclasses import field as dataclass_field
 from typing import Any, Protocol
 
+from gemmaforge.families import ChatFormat
 from gemmaforge.inference.jobs import Event, Finished, Params
 from gemmaforge.serve.registry import Served
-from gemmaforge.templates import BOS, ollama_prompt
+from gemmaforge.templates import BOS, Message, ollama_prompt
+from gemmaforge.tool_text import Tool, normalize_call, normalize_tool
 
 # Ollama's own defaults, which Params carries
 OLLAMA_DEFAULTS = {f.name: f.default for f in dataclasses.fields(Params)
                    if f.name in ("temperature", "top_p", "top_k", "min_p", "repeat_penalty", "repeat_last_n")}
-_ROLES = ("system", "user", "assistant")
+_ROLES = ("system", "user", "assistant", "tool")
 _JSON_NAMES = {int: "number", float: "number", str: "string", bool: "boolean", dict: "object", list: "array"}
 
 
@@ -52,6 +54,8 @@ class Completion:
     stop: tuple[str, ...] = ()
     include_usage: bool = False  # a streamed answer ends with the token counts (OpenAI's stream_options)
     grammar: str | None = None  # structured output (Params.grammar)
+    reading: ChatFormat | None = None  # the answer is read in this format (thinking, tool calls); None: raw text
+    tools: bool = False  # the request offered tools: calls are read back
     started_ns: int = dataclass_field(default_factory=time.perf_counter_ns)
 
 
@@ -137,7 +141,10 @@ def model_name(data: dict[str, Any]) -> str:
     return name
 
 
-def messages_of(data: dict[str, Any], openai: bool = False) -> list[dict[str, str]]:
+def messages_of(data: dict[str, Any], openai: bool = False) -> list[Message]:
+    """A request's messages as templates.Message: text contents, an assistant's tool calls and thinking (Ollama's
+    `thinking`, OpenAI-compatible servers' `reasoning_content`), a tool result's function (Ollama's `tool_name`,
+    OpenAI's `tool_call_id` naming a call)."""
     messages = field(data, "messages", list)
     if not messages:
         raise bad("messages: at least one message is required")
@@ -147,6 +154,7 @@ def messages_of(data: dict[str, Any], openai: bool = False) -> list[dict[str, st
         if not isinstance(m, dict):
             raise bad(f"messages[{i}]: expected an object with role and content")
         role = field(m, "role", str, where=where)
+        role = "system" if openai and role == "developer" else role
         if role not in _ROLES:
             raise bad(f"{where}role: {role!r} is not supported; expected one of {', '.join(_ROLES)}")
         content = m.get("content")
@@ -161,22 +169,56 @@ def messages_of(data: dict[str, Any], openai: bool = False) -> list[dict[str, st
             raise bad(f"{where}content: expected string, got {type(content).__name__}")
         if m.get("images"):
             raise bad(f"{where}images: not supported (this is a text model)")
-        out.append({"role": role, "content": content})
+        message: Message = {"role": role, "content": content}
+        if role == "assistant":
+            calls = field(m, "tool_calls", list, [], where)
+            try:
+                message.update(tool_calls=[normalize_call(c, f"{where}tool_calls[{j}]") for j, c in enumerate(calls)])
+            except ValueError as e:
+                raise bad(str(e)) from None
+            message.update(thinking=field(m, "reasoning_content" if openai else "thinking", str, "", where))
+        elif role == "tool":
+            message.update(name=field(m, "name" if openai else "tool_name", str, "", where),
+                           tool_call_id=field(m, "tool_call_id", str, "", where))
+        out.append({k: v for k, v in message.items() if v or k == "content"})
     return out
 
 
-def chat_prompt(served: Served, messages: list[dict[str, str]]) -> str:
-    """The prompt Ollama renders from `messages` with the run's Modelfile TEMPLATE (the training template):
-    system messages anywhere, consecutive turns of one role and empty ones are taken as Ollama takes them, and a
-    final assistant message is continued. The served system prompt is used when the first message is not one."""
+def tools_of(data: dict[str, Any]) -> list[Tool]:
+    tools = field(data, "tools", list, [])
+    try:
+        return [normalize_tool(tool, f"tools[{i}]") for i, tool in enumerate(tools)]
+    except ValueError as e:
+        raise bad(str(e)) from None
+
+
+def check_think(served: Served, think: bool) -> bool:
+    if think and not served.family.chat.thinking:
+        raise bad(f"think: {served.name} does not support thinking (the {served.family.name} chat format has no "
+                  "thought channel; Gemma 4 models think)")
+    return think
+
+
+def chat_prompt(served: Served, messages: list[Message], tools: list[Tool] | None = None, think: bool = False) -> str:
+    """The prompt Ollama renders from `messages` for the run's model (templates.ollama_prompt): system messages
+    anywhere, consecutive turns of one role and empty ones are taken as Ollama takes them. The served system
+    prompt is used when the first message is not one; the offered tools ride on the system message, where every
+    Gemma rendering places them."""
     if messages[0]["role"] != "system" and served.system:
         messages = [{"role": "system", "content": served.system}, *messages]
     if all(m["role"] == "system" for m in messages):
         raise bad("messages: there is no user or assistant message to answer")
-    return ollama_prompt(messages, served.family)
+    if tools and not served.tools:
+        raise bad(f"tools: {served.name} does not support tools (the official {served.family.name} template has no "
+                  "tool format; a run trained on tool-call data, such as LLaMA-Factory's glaive_toolcall demos, "
+                  "takes them in LLaMA-Factory's format, and Gemma 4 models take them)")
+    if tools:
+        messages = ([{**messages[0], "tools": tools}, *messages[1:]] if messages[0]["role"] == "system"
+                    else [{"role": "system", "content": "", "tools": tools}, *messages])
+    return ollama_prompt(messages, served.family, think=check_think(served, think))
 
 
-def generate_prompt(served: Served, data: dict[str, Any]) -> str:
+def generate_prompt(served: Served, data: dict[str, Any], think: bool = False) -> str:
     """/api/generate and /v1/completions: `prompt` in the chat template (with `system`), or as is with `raw`."""
     prompt = field(data, "prompt", str, "")
     system = field(data, "system", str)
@@ -187,16 +229,13 @@ def generate_prompt(served: Served, data: dict[str, Any]) -> str:
     if data.get("template"):
         raise bad("template: a per-request template is not supported; the served model's training template is used")
     messages = [{"role": "system", "content": system}] if system else []
-    return chat_prompt(served, [*messages, {"role": "user", "content": prompt}])
+    return chat_prompt(served, [*messages, {"role": "user", "content": prompt}], think=think)
 
 
 def refuse_unsupported(data: dict[str, Any]) -> None:
     """Fields that would change the answer in ways this server cannot honour: refused, not ignored."""
     if data.get("images"):
         raise bad("images: not supported (this is a text model)")
-    refuse_tools(data)
-    if data.get("think"):
-        raise bad("think: this model does not support thinking")
     if data.get("suffix"):
         raise bad("suffix: fill-in-the-middle is not supported by Gemma chat models")
 
@@ -208,11 +247,6 @@ def json_schema(schema: Any, where: str) -> str:
     if not isinstance(schema, dict):
         raise bad(f"{where}: expected a JSON schema object, got {_JSON_NAMES.get(type(schema), type(schema).__name__)}")
     return json.dumps(schema)
-
-
-def refuse_tools(data: dict[str, Any]) -> None:
-    if data.get("tools"):
-        raise bad("tools: this model does not support tools")
 
 
 def stops(data: dict[str, Any], where: str = "") -> tuple[str, ...]:

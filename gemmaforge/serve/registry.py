@@ -48,6 +48,13 @@ class Served:
     loaded: bool = True  # False once keep_alive ran out: listed, loaded again by its next request
     expires_at: datetime | None = None  # when keep_alive runs out; None: loaded until the server stops
     keep_alive: float | None = None  # the latest request's keep_alive (None: the server's --keep-alive)
+    trained_with_tools: bool = False  # a run whose training data offered tools (see `tools`)
+
+    @property
+    def tools(self) -> bool:
+        """Whether requests may offer tools: Gemma 4's template has them; Gemma 1-3's official ones do not, so only
+        runs trained on tool conversations (in LLaMA-Factory's format, as their training rendered them) take them."""
+        return self.family.chat.tool_style == "gemma4" or self.trained_with_tools
 
     @property
     def digest(self) -> str:
@@ -156,13 +163,14 @@ class Registry:
             parts = files[deployed_quant(run, config)]
             served = self._add_gguf(parts[0], name, source=root)
             served.system, served.options = system, options
+            served.trained_with_tools = _trained_with_tools(run.data_dir)
             return served
         adapter_dir = adapter_dir or run.require(run.adapter_dir / "adapter_config.json", "train").parent
         _require_safetensors(adapter_dir, "adapter_model.safetensors")
         base = resolve_model(config.model.name_or_path, self.home, config.model.revision)
         transformers = self._transformers_engine(base, base.reference)
         served = Served(name, transformers, None, base.family, root, system=system, options=options,
-                        parent=transformers.base_name)
+                        parent=transformers.base_name, trained_with_tools=_trained_with_tools(run.data_dir))
         return self._register(served, adapter_dir=adapter_dir)
 
     def _add_base(self, ref: str, name: str) -> Served:
@@ -352,3 +360,13 @@ def _details(served: Served) -> dict[str, Any]:
     return {"parent_model": served.parent or "", "format": "gguf" if gguf_file else "safetensors",
             "family": served.family.name, "families": [served.family.name],
             "parameter_size": gguf.size_label(params, params, 0, 0), "quantization_level": engine.quantization_level()}
+
+
+def _trained_with_tools(data_dir: Path) -> bool:
+    """Whether a run's prepared data (its stats.json) had conversations that offer tools."""
+    import json
+
+    try:
+        return bool(json.loads((data_dir / "stats.json").read_text(encoding="utf-8")).get("tool_conversations"))
+    except (OSError, ValueError):
+        return False

@@ -137,6 +137,9 @@ def test_llama_cpp_computes_what_the_merged_model_computes(trained) -> None:
     # the Ollama that imports the pair, as README says: Gemma 3's from 0.11.11, Gemma 4's from 0.30.0
     needed = "0.11.11" if kind.startswith("gemma3") else "0.30.0"
     assert f"# Images: the second FROM is the vision projector; Ollama >= {needed} imports it" in modelfile
+    # Gemma 4: Ollama's own renderer and parser (the official template: tools, thinking) instead of a TEMPLATE
+    assert ("\nRENDERER gemma4-small\nPARSER gemma4\n" in modelfile) == kind.startswith("gemma4")
+    assert ("\nTEMPLATE " in modelfile) == kind.startswith("gemma3")
     assert (run / "gguf" / "mmproj-f16.gguf").is_file()
     assert json.loads((run / "manifest.json").read_text())["stages"]["export_gguf"]["status"] == "done"
     if kind == "gemma4-unified":  # the merged generation_config.json keeps suppress_tokens, and the text file has them

@@ -192,3 +192,22 @@ def test_the_adapter_gguf_equals_llama_cpps_convert_lora_to_gguf(rslora: bool, c
     assert theirs.value("adapter.lora.alpha") == 8
     assert ours.value("adapter.lora.alpha") == 8 * (2.0 if rslora else 1.0)  # sqrt(r=4)
     assert len(ours.tensors) == 2 * 7 * 2  # 2 layers x 7 projections x (lora_a, lora_b)
+
+
+def test_llama_cpp_decodes_gemma4s_answer_markers_from_our_file(text_gguf_of) -> None:
+    """The llama.cpp engine's reading of an answer (LlamaCppEngine._decode) on our Gemma 4 GGUF: each marker is one
+    token and comes back as written, so thoughts and tool calls reach the answer reader."""
+    import llama_cpp
+
+    from gemmaforge.families import FAMILIES
+    from gemmaforge.inference.jobs import decode_with_markers
+
+    llm = llama_cpp.Llama(str(text_gguf_of("gemma4-e2b")), vocab_only=True, verbose=False)
+    markers = {}
+    for marker in FAMILIES["gemma4"].chat.markers:
+        ids = llm.tokenize(marker.encode(), add_bos=False, special=True)
+        assert len(ids) == 1, marker
+        markers[ids[0]] = marker
+    text = '<|channel>thought\nIced.\n<channel|>Sure.<|tool_call>call:brew{drink:<|"|>latte<|"|>}<tool_call|>'
+    ids = llm.tokenize(text.encode(), add_bos=False, special=True)
+    assert decode_with_markers(ids, markers, lambda run: llm.detokenize(run).decode()) == text

@@ -567,12 +567,12 @@ def test_openai_errors(oai) -> None:
     ("/api/generate", b'{"model": "base", "prompt": "x", "raw": true, "system": "s"}', 400,
      "raw mode does not support"),
     ("/api/chat", b'{"model": "base", "messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function"}]}',
-     400, "tools: this model does not support tools"),
+     400, "tools[0]: expected a tool definition"),
     ("/api/chat", b'{"model": "base", "messages": [{"role": "user", "content": "x", "images": ["aGk="]}]}', 400,
      "images: not supported"),
     ("/api/generate", b'{"model": "base", "prompt": "x", "images": ["aGk="]}', 400, "images: not supported"),
     ("/api/chat", b'{"model": "base", "messages": [{"role": "user", "content": "x"}], "think": true}', 400,
-     "think: this model does not support thinking"),
+     "think: base:latest does not support thinking"),
     ("/api/chat", b'{"model": "base", "messages": [{"role": "user", "content": "x"}], "format": {"$ref": "#/no"}}',
      400, "format / response_format: this JSON schema cannot be enforced"),
     ("/v1/chat/completions", (b'{"model": "base", "messages": [{"role": "user", "content": "x"}], '
@@ -587,7 +587,7 @@ def test_openai_errors(oai) -> None:
      "format: expected a JSON schema object, got string"),
     ("/v1/chat/completions", (b'{"model": "base", "messages": [{"role": "user", "content": "x"}], '
                               b'"tools": [{"type": "function", "function": {"name": "f"}}]}'), 400,
-     "tools: this model does not support tools"),
+     "tools: base:latest does not support tools"),
     ("/v1/chat/completions", (b'{"model": "base", "messages": [{"role": "user", "content": [{"type": "image_url", '
                               b'"image_url": {"url": "data:image/png;base64,aGk="}}]}]}'), 400,
      "only text parts are supported"),

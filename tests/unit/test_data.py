@@ -228,7 +228,7 @@ BAD_INPUTS = {
     "late system": ("d.jsonl", '{"messages": [{"role": "user", "content": "a"}, {"role": "system", "content": "b"}]}',
                     r"turn 2 is a system message"),
     "tool turn": ("d.jsonl", '{"messages": [{"role": "user", "content": "a"}, {"role": "tool", "content": "b"}]}',
-                  r"turn 2 has role 'tool': tool and function-call turns are not supported"),
+                  r"turn 2 has role 'tool', expected 'assistant' \(tool results follow an assistant message"),
     "csv ragged": ("d.csv", "instruction,output\na,b,c\n", r"d\.csv line 2: more cells than the 2 header columns"),
 }
 

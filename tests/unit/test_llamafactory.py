@@ -96,3 +96,47 @@ def test_num_samples_is_a_seeded_subset(lf_dir: Path, tmp_path: Path, gemma3_tok
 def test_bad_entries_are_named(lf_dir: Path, tmp_path: Path, gemma3_tokenizer, dataset: str, pattern: str) -> None:
     with pytest.raises(UserError, match=pattern):
         load(lf_dir, tmp_path, gemma3_tokenizer, dataset)
+
+
+@pytest.mark.parametrize("dataset", ["glaive_toolcall_en_demo", "glaive_toolcall_zh_demo"])
+def test_llamafactory_tool_call_datasets_load_unchanged(llamafactory_data: Path, tmp_path: Path, gemma3_tokenizer,
+                                                       dataset: str) -> None:
+    """LLaMA-Factory's own tool-call demos (a tools column, function_call and observation turns)."""
+    config = DataConfig(path=str(llamafactory_data), dataset=dataset, val_size=0)
+    stats = prepare_data(config, 3, tmp_path / "out", gemma3_tokenizer, FAMILIES["gemma3"], 2048)
+    records = json.loads((llamafactory_data / f"{dataset}.json").read_text(encoding="utf-8"))
+    train = read_prepared(tmp_path / "out" / "train.jsonl")
+    assert stats["records"] == len(records) and len(train) == stats["kept"] > 0.8 * len(records)
+    assert set(stats["dropped"]) <= {"duplicate", "too_long"}  # the demos repeat some records
+    assert stats["kept"] + sum(stats["dropped"].values()) == len(records)
+    assert 0 < stats["tool_conversations"] < stats["kept"]  # some offer no tools
+    calls = [m for conversation in train for m in conversation if m.get("tool_calls")]
+    results = [m for conversation in train for m in conversation if m["role"] == "tool"]
+    assert len(calls) > 50 and len(results) > 50  # most demos call a tool and read its result
+    first = train[0]
+    assert first[0]["role"] == "system" and first[0]["content"] == ""
+    assert first[0]["tools"] == [{"type": "function", "function": t} for t in json.loads(records[0]["tools"])]
+    called = next(m for m in first if m.get("tool_calls"))
+    function_call = next(t for t in records[0]["conversations"] if t["from"] == "function_call")
+    assert called == {"role": "assistant", "content": "", "tool_calls": [json.loads(function_call["value"])]}
+
+
+def test_bad_tool_data_is_named(lf_dir: Path, tmp_path: Path, gemma3_tokenizer) -> None:
+    info = json.loads((lf_dir / "dataset_info.json").read_text(encoding="utf-8"))
+    info["calls"] = {"file_name": "calls.json", "formatting": "sharegpt", "columns": {"tools": "tools"}}
+    (lf_dir / "dataset_info.json").write_text(json.dumps(info), encoding="utf-8")
+    def turns(call: str) -> list[dict[str, str]]:
+        return [{"from": "human", "value": "hi"}, {"from": "function_call", "value": call},
+                {"from": "observation", "value": "ok"}, {"from": "gpt", "value": "done"}]
+
+    good = '{"name": "brew", "arguments": {"shots": 2}}'
+    for call, tools, pattern in (
+        (good, "[not json", r"calls.json record 0: field 'tools' is not valid JSON"),
+        (good, '[{"description": "x"}]', r"calls.json record 0: tools\[0\]: expected a tool definition"),
+        ("brew(2)", "[]", r"calls.json record 0: turn 2: a function_call turn must hold its call as JSON"),
+        ('{"name": "brew", "arguments": "[1]"}', "[]", r"turn 2: function_call: arguments must be a JSON object"),
+    ):
+        (lf_dir / "calls.json").write_text(json.dumps([{"conversations": turns(call), "tools": tools}]),
+                                           encoding="utf-8")
+        with pytest.raises(UserError, match=pattern):
+            load(lf_dir, tmp_path, gemma3_tokenizer, "calls")
