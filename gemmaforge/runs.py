@@ -105,6 +105,14 @@ class RunDir:
     def config(self) -> RunConfig:
         return load_config(self.config_path)
 
+    def trained_with_tools(self) -> bool:
+        """Whether the prepared training data (data/stats.json) had conversations that offer tools."""
+        try:
+            stats = json.loads((self.data_dir / "stats.json").read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return False
+        return bool(stats.get("tool_conversations"))
+
     # ------------------------------------------------------------------ manifest
     def manifest(self) -> dict[str, Any]:
         if self.manifest_path.is_file():

@@ -53,7 +53,7 @@ def pick_gguf(run: RunDir, config: RunConfig) -> Path:
 _PROJECTOR_OLLAMA = {"gemma3": "0.11.11", "gemma4": "0.30.0"}
 
 
-def prompt_format(family: Family) -> list[str]:
+def prompt_format(family: Family, trained_with_tools: bool = False) -> list[str]:
     """How Ollama renders prompts for the family. Gemma 4: Ollama's built-in renderer and parser, Google's official
     template in Go (tools, thinking, tool calls read back), which Ollama picks for any gemma4 GGUF whatever its
     TEMPLATE; named here so that it is the small-model variant training used (no empty thought channel after
@@ -61,11 +61,13 @@ def prompt_format(family: Family) -> list[str]:
     if family.chat.tool_style == "gemma4":
         return ["# Ollama >= 0.21.0: its Gemma 4 renderer (Google's chat template: tools, thinking) and parser",
                 "RENDERER gemma4-small", "PARSER gemma4"]
-    return [f'TEMPLATE """{ollama_template(family)}"""']
+    tools = ["# Trained on tool calls in LLaMA-Factory's format, which an Ollama TEMPLATE cannot render (nor Ollama",
+             "# read back): serve this run with `gemmaforge serve` for tools."] if trained_with_tools else []
+    return [*tools, f'TEMPLATE """{ollama_template(family)}"""']
 
 
 def render_modelfile(gguf_relpath: str, family: Family, config: RunConfig, adapter_relpath: str | None = None,
-                     mmproj_relpath: str | None = None) -> str:
+                     mmproj_relpath: str | None = None, trained_with_tools: bool = False) -> str:
     o = config.export.ollama
     projector = [
         f"# Images: the second FROM is the vision projector; Ollama >= {_PROJECTOR_OLLAMA[family.name]} imports it "
@@ -79,7 +81,7 @@ def render_modelfile(gguf_relpath: str, family: Family, config: RunConfig, adapt
         f"FROM {gguf_relpath}",
         *projector,
         *([f"ADAPTER {adapter_relpath}"] if adapter_relpath else []),
-        *prompt_format(family),
+        *prompt_format(family, trained_with_tools),
     ]
     system = config.deployed_system
     if system:
@@ -109,7 +111,7 @@ def write_modelfile(run: RunDir, config: RunConfig, family: Family, adapter: boo
 
     mmproj = run.mmproj_path if run.mmproj_path.is_file() and not adapter else None
     atomic_write_text(path, render_modelfile(relative(gguf), family, config, relative(lora) if lora else None,
-                                             relative(mmproj) if mmproj else None))
+                                             relative(mmproj) if mmproj else None, run.trained_with_tools()))
     return path
 
 

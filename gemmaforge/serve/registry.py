@@ -163,14 +163,14 @@ class Registry:
             parts = files[deployed_quant(run, config)]
             served = self._add_gguf(parts[0], name, source=root)
             served.system, served.options = system, options
-            served.trained_with_tools = _trained_with_tools(run.data_dir)
+            served.trained_with_tools = run.trained_with_tools()
             return served
         adapter_dir = adapter_dir or run.require(run.adapter_dir / "adapter_config.json", "train").parent
         _require_safetensors(adapter_dir, "adapter_model.safetensors")
         base = resolve_model(config.model.name_or_path, self.home, config.model.revision)
         transformers = self._transformers_engine(base, base.reference)
         served = Served(name, transformers, None, base.family, root, system=system, options=options,
-                        parent=transformers.base_name, trained_with_tools=_trained_with_tools(run.data_dir))
+                        parent=transformers.base_name, trained_with_tools=run.trained_with_tools())
         return self._register(served, adapter_dir=adapter_dir)
 
     def _add_base(self, ref: str, name: str) -> Served:
@@ -361,12 +361,3 @@ def _details(served: Served) -> dict[str, Any]:
             "family": served.family.name, "families": [served.family.name],
             "parameter_size": gguf.size_label(params, params, 0, 0), "quantization_level": engine.quantization_level()}
 
-
-def _trained_with_tools(data_dir: Path) -> bool:
-    """Whether a run's prepared data (its stats.json) had conversations that offer tools."""
-    import json
-
-    try:
-        return bool(json.loads((data_dir / "stats.json").read_text(encoding="utf-8")).get("tool_conversations"))
-    except (OSError, ValueError):
-        return False

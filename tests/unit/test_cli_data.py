@@ -157,3 +157,24 @@ def test_inspect_model_gives_the_tokenizer_and_the_template(tmp_path: Path, caps
     assert row["input_ids"] == tokenizer(row["text"], add_special_tokens=False).input_ids
     assert row["input_ids"][1] == tokenizer.convert_tokens_to_ids("<|turn>")
     assert row["input_ids"] != gemma3_tokenizer(row["text"], add_special_tokens=False).input_ids
+
+
+def test_llamafactory_tool_data_prepares_and_inspects(tmp_path: Path, llamafactory_data: Path,
+                                                     gemma3_tokenizer) -> None:
+    """The command the walkthroughs' users run on LLaMA-Factory's tool-call demo, then what training sees of it:
+    the tool prompt and the results are prompt, the `Action:` calls and the answers carry the loss."""
+    proc = run_cli("data", "prepare", str(llamafactory_data), "--dataset", "glaive_toolcall_en_demo", "-o", "out",
+                   cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    train = tmp_path / "out" / "train.jsonl"
+    proc = run_cli("data", "inspect", str(train), "--json", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    rows = [json.loads(line) for line in proc.stdout.splitlines()]
+    with_call = next(row for row in rows if "\nAction Input: " in row["text"])
+    assert "You have access to the following tools:\n> Tool Name: " in with_call["text"]
+    supervised = gemma3_tokenizer.decode([i for i, label in zip(with_call["input_ids"], with_call["labels"],
+                                                                strict=True) if label != -100])
+    assert "Action: " in supervised and "<start_of_turn>tool" not in supervised
+    assert "You have access" not in supervised
+    proc = run_cli("data", "inspect", str(train), "-n", "1", cwd=tmp_path)
+    assert proc.returncode == 0 and "conversation 1:" in proc.stdout and "Tool Name:" in proc.stdout

@@ -319,7 +319,9 @@ def test_the_gemma4_modelfile_names_ollamas_renderer_and_parser() -> None:
     assert "\nRENDERER gemma4-small\nPARSER gemma4\n" in g4 and "TEMPLATE" not in g4
     assert 'PARAMETER stop "<turn|>"\nPARAMETER stop "<|tool_response>"' in g4
     g3 = render_modelfile("../gguf/model-q8_0.gguf", GEMMA3, config)
-    assert '\nTEMPLATE """' in g3 and "RENDERER" not in g3
+    assert '\nTEMPLATE """' in g3 and "RENDERER" not in g3 and "tool" not in g3
+    trained = render_modelfile("../gguf/model-q8_0.gguf", GEMMA3, config, trained_with_tools=True)
+    assert "# Trained on tool calls in LLaMA-Factory's format, which an Ollama TEMPLATE cannot render" in trained
 
 
 def test_the_transformers_engine_decodes_the_markers_and_skips_other_special_tokens(gemma4_tokenizer) -> None:
