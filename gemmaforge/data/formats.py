@@ -16,7 +16,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 from gemmaforge.errors import UserError
-from gemmaforge.templates import Message, check_roles
+from gemmaforge.templates import THOUGHT_CLOSE, THOUGHT_OPEN, Message, check_roles
 from gemmaforge.tool_text import Tool, ToolCall, normalize_call, normalize_tool
 
 Formatting = Literal["alpaca", "sharegpt", "openai"]
@@ -210,6 +210,11 @@ def _turns(record: dict[str, Any], schema: Schema, where: str) -> list[Message]:
                 raise UserError(f"{at}: tool_calls must be a list")
             message["tool_calls"] = [_checked(normalize_call, c, f"{at}: tool_calls[{j}]") for j, c in enumerate(calls)]
         thinking = turn.get("thinking", turn.get("reasoning_content")) if role == "assistant" else None
+        marked = content.lstrip()
+        if role == "assistant" and not thinking and marked.startswith(THOUGHT_OPEN) and THOUGHT_CLOSE in marked:
+            # Gemma 4's own markup in the answer (as LLaMA-Factory's gemma4 template writes thoughts): its thinking
+            thinking, _, message["content"] = marked.removeprefix(THOUGHT_OPEN).partition(THOUGHT_CLOSE)
+            thinking = thinking.removesuffix("\n")
         if thinking:
             message["thinking"] = _text(thinking, f"{at}: thinking")
         if role == "tool":

@@ -335,3 +335,20 @@ def test_the_transformers_engine_decodes_the_markers_and_skips_other_special_tok
     decoded = decode_with_markers([*ids, pad], markers,
                                   lambda run: gemma4_tokenizer.decode(run, skip_special_tokens=True))
     assert decoded == text  # the markers kept, <pad> skipped
+
+
+def test_thinking_in_data_loads_from_its_fields_or_gemma4s_markup(gemma4_tokenizer) -> None:
+    from gemmaforge.data.formats import default_schema, to_messages
+
+    schema = default_schema("openai")
+    fields = {"messages": [{"role": "user", "content": "Cortado?"},
+                           {"role": "assistant", "content": "Equal parts.", "reasoning_content": "1:1 milk."}]}
+    markup = {"messages": [{"role": "user", "content": "Cortado?"},
+                           {"role": "assistant", "content": "<|channel>thought\n1:1 milk.\n<channel|>Equal parts."}]}
+    expected = [{"role": "user", "content": "Cortado?"},
+                {"role": "assistant", "content": "Equal parts.", "thinking": "1:1 milk."}]
+    assert to_messages(fields, schema, "d") == to_messages(markup, schema, "d") == expected
+    assert supervised(gemma4_tokenizer, expected, GEMMA4) == (
+        "<|channel>thought\n1:1 milk.\n<channel|>Equal parts.<turn|>")
+    plain = {"messages": [{"role": "user", "content": "Q"}, {"role": "assistant", "content": "<think>x</think>A"}]}
+    assert to_messages(plain, schema, "d")[1] == {"role": "assistant", "content": "<think>x</think>A"}  # text
