@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 from gemmaforge.families import ChatFormat
 from gemmaforge.tool_text import (
+    QUOTE,
     TOOL_CALL_CLOSE,
     TOOL_CALL_OPEN,
     TOOL_RESPONSE_OPEN,
@@ -56,11 +57,13 @@ def _split_sendable(text: str, done: bool, *markers: str) -> tuple[str, str]:
 class AnswerReader:
     """Feed the generated text piece by piece (`feed`), then `finish`; each returns what can be sent now."""
 
-    def __init__(self, chat: ChatFormat, tools: bool):
+    def __init__(self, chat: ChatFormat, tools: bool, in_thought: bool = False):
         self.gemma4 = chat.tool_style == "gemma4"
         self.tools = tools  # Gemma 1-3 read `Action:` lines only when the request offered tools
         self.buffer = ""
-        self.state = "content"  # Gemma 4: content | thought | call | after call
+        # Gemma 4: content | channel (its name "thought\n" comes next) | thought | call | after call; a prompt that
+        # ends inside the thought channel (thinking on, after a tool's result) starts in "thought"
+        self.state = "thought" if in_thought else "content"
         self.calls_seen = False  # Gemma 1-3: an `Action:` has begun; the rest is read at the end
 
     def feed(self, text: str) -> Pieces:
@@ -89,15 +92,17 @@ class AnswerReader:
             if opens:
                 at, marker = min(opens)
                 out.content += text[:at].rstrip()
-                self.buffer, self.state = text[at + len(marker):], "thought" if marker == THOUGHT_OPEN else "call"
+                self.buffer, self.state = text[at + len(marker):], "channel" if marker == THOUGHT_OPEN else "call"
                 return True
             send, self.buffer = _split_sendable(text, done, THOUGHT_OPEN, TOOL_CALL_OPEN)
             out.content += send
             return False
-        if self.state == "thought":
-            if not done and CHANNEL_NAME.startswith(text) and text != CHANNEL_NAME:
+        if self.state == "channel":
+            if not done and CHANNEL_NAME.startswith(text):
                 return False  # "thought\n" may still be arriving
-            text = self.buffer = text.removeprefix(CHANNEL_NAME)
+            self.buffer, self.state = text.removeprefix(CHANNEL_NAME), "thought"
+            return True
+        if self.state == "thought":
             if THOUGHT_CLOSE in text:
                 thought, rest = text.split(THOUGHT_CLOSE, 1)
                 out.thinking += thought.rstrip()
@@ -117,10 +122,10 @@ class AnswerReader:
             return bool(text)
         # a call: read when it closes (or when the answer ends without the close)
         if TOOL_CALL_CLOSE in text or done and text:
-            body, closed, rest = text.partition(TOOL_CALL_CLOSE)
+            body, _, rest = text.partition(TOOL_CALL_CLOSE)
             call = parse_gemma4_call(body)
-            if call is None:  # not a call after all: shown as written rather than lost
-                out.content += TOOL_CALL_OPEN + body + closed
+            if call is None:  # not a call after all: its text is shown (strings quoted) rather than lost
+                out.content += body.replace(QUOTE, '"')
             else:
                 out.tool_calls.append(call)
             self.buffer, self.state = rest, "after call"
@@ -149,7 +154,6 @@ class AnswerReader:
             self.buffer = ""
 
 
-def read_whole(chat: ChatFormat, tools: bool, text: str) -> Pieces:
+def read_whole(reader: AnswerReader, text: str) -> Pieces:
     """A whole answer read at once."""
-    reader = AnswerReader(chat, tools)
     return reader.feed(text) + reader.finish()

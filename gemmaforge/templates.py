@@ -75,8 +75,10 @@ def check_roles(messages: list[Message], where: str, require_answer: bool = Fals
 
 
 def has_content(message: Message) -> bool:
-    """Whether a message says anything: text, tool calls, or (a system message) tools."""
-    return bool(message["content"].strip() or message.get("tool_calls") or message.get("tools"))
+    """Whether a message says anything: text, tool calls, thinking, (a system message) tools; a tool's result may
+    be empty."""
+    return bool(message["content"].strip() or message["role"] == "tool"
+                or any(message.get(key) for key in ("tool_calls", "tools", "thinking")))
 
 
 def check_features(messages: list[Message], family: Family, where: str) -> None:
@@ -230,12 +232,15 @@ def _gemma4(messages: list[Message], w: _Writer, add_generation_prompt: bool, th
 
 
 def _tool_name(result: Message, calls: list[dict[str, Any]]) -> str:
-    """The function a tool result answers, resolved as the official template resolves it: the result's name (else
-    'unknown'), overridden by each call whose id equals the result's tool_call_id (both absent count as equal)."""
+    """The function a tool result answers, resolved as the official template resolves it (the result's name, else
+    'unknown', overridden by each call whose id equals the result's tool_call_id, two absent ids counting as
+    equal), except that a named result without ids keeps its name, as Ollama's Gemma 4 renderer keeps tool_name
+    (the official template would give every such result the last call's name)."""
     name = result.get("name") or "unknown"
-    for call in calls:
-        if call.get("id") == result.get("tool_call_id"):
-            name = call["name"]
+    if result.get("tool_call_id") or not result.get("name"):
+        for call in calls:
+            if call.get("id") == result.get("tool_call_id"):
+                name = call["name"]
     return str(name)
 
 

@@ -36,9 +36,9 @@ def _sorted_items(mapping: dict[str, Any]) -> list[tuple[str, Any]]:
     return sorted(mapping.items(), key=lambda item: str(item[0]).lower())
 
 
-def _upper(value: Any) -> str:
-    """jinja's `upper` filter (a list is upper-cased as its Python text, as the template does)."""
-    return ("" if value is None else str(value)).upper()
+def _upper(mapping: dict[str, Any], key: str) -> str:
+    """jinja's `mapping[key] | upper`: "" when the key is absent, a None as "NONE", a list as its Python text."""
+    return str(mapping[key]).upper() if key in mapping else ""
 
 
 def gemma4_value(value: Any, escape_keys: bool = True) -> str:
@@ -62,15 +62,17 @@ def _quoted_list(items: Any) -> str:
 
 
 def _parameters(properties: dict[str, Any], filter_keys: bool = False) -> str:
-    """The template's format_parameters."""
+    """The template's format_parameters (a value that is not an object renders as the template renders it: a
+    property with an empty type)."""
     out = []
     for key, value in _sorted_items(properties):
-        if filter_keys and key in _STANDARD_KEYS or not isinstance(value, dict):
+        if filter_keys and key in _STANDARD_KEYS:
             continue
+        value = value if isinstance(value, dict) else {}
         fields = []
         if value.get("description"):
             fields.append(f"description:{QUOTE}{value['description']}{QUOTE}")
-        kind = _upper(value.get("type"))
+        kind = _upper(value, "type")
         if kind == "STRING" and value.get("enum"):
             fields.append("enum:" + gemma4_value(value["enum"]))
         elif kind == "ARRAY" and isinstance(value.get("items"), dict) and value["items"]:
@@ -99,7 +101,8 @@ def _items(items: dict[str, Any]) -> str:
         elif key == "required":
             out.append(f"required:[{_quoted_list(value)}]")
         elif key == "type":
-            out.append("type:" + gemma4_value(value.upper() if isinstance(value, str) else [_upper(v) for v in value]))
+            kinds = value.upper() if isinstance(value, str) else [str(v).upper() for v in value]
+            out.append("type:" + gemma4_value(kinds))
         else:
             out.append(f"{key}:{gemma4_value(value)}")
     return ",".join(out)
@@ -109,7 +112,8 @@ def gemma4_declaration(tool: Tool) -> str:
     """`<|tool>declaration:NAME{...}<tool|>` as the template's format_function_declaration writes it (its quirks
     kept: a parameters block without a type is not closed)."""
     function = tool["function"]
-    text = f"declaration:{function['name']}{{description:{QUOTE}{function.get('description') or ''}{QUOTE}"
+    description = str(function["description"]) if "description" in function else ""
+    text = f"declaration:{function['name']}{{description:{QUOTE}{description}{QUOTE}"
     params = function.get("parameters")
     if params:
         text += ",parameters:{"
@@ -118,7 +122,14 @@ def gemma4_declaration(tool: Tool) -> str:
         if params.get("required"):
             text += f"required:[{_quoted_list(params['required'])}],"
         if params.get("type"):
-            text += f"type:{QUOTE}{_upper(params['type'])}{QUOTE}}}"
+            text += f"type:{QUOTE}{_upper(params, 'type')}{QUOTE}}}"
+    if "response" in function and isinstance(function["response"], dict):
+        response = function["response"]
+        text += ",response:{"
+        if response.get("description"):
+            text += f"description:{QUOTE}{response['description']}{QUOTE},"
+        if _upper(response, "type") == "OBJECT":
+            text += f"type:{QUOTE}OBJECT{QUOTE}}}"
     return "<|tool>" + (text + "}").strip() + "<tool|>"
 
 
@@ -180,7 +191,8 @@ def default_tool_prompt(tools: list[Tool]) -> str:
         params = function.get("parameters") or {}
         lines = ""
         for name, param in (params.get("properties") or {}).items():
-            required = ", required" if name in params.get("required", []) else ""
+            param = param if isinstance(param, dict) else {}
+            required = ", required" if name in (params.get("required") or []) else ""
             enum = ", should be one of [{}]".format(", ".join(map(str, param["enum"]))) if param.get("enum") else ""
             items = f", where each item should be {param['items'].get('type', '')}" if param.get("items") else ""
             lines += f"  - {name} ({param.get('type', '')}{required}): {param.get('description', '')}{enum}{items}\n"
@@ -231,9 +243,31 @@ def normalize_tool(tool: Any, where: str) -> Tool:
     if not isinstance(function.get("name"), str) or not function["name"]:
         raise ValueError(f"{where}: the function's name is missing or not a string")
     params = function.get("parameters")
-    if params is not None and not isinstance(params, dict):
-        raise ValueError(f"{where}: parameters must be a JSON schema object")
+    if params is not None:
+        _check_schema(params, f"{where}: parameters")
     return {"type": "function", "function": dict(function)}
+
+
+def _check_schema(schema: Any, where: str) -> None:
+    """The parts of a JSON schema the tool renderings read, in the shapes they read them (what the official
+    template would fail on is refused here, naming the place)."""
+    if not isinstance(schema, dict):
+        raise ValueError(f"{where}: must be a JSON schema object")
+    kind = schema.get("type")
+    if kind is not None and not (isinstance(kind, str) or isinstance(kind, list) and all(
+            isinstance(k, str | None) for k in kind)):
+        raise ValueError(f"{where}.type: expected a type name or a list of them")
+    for key in ("required", "enum"):
+        if schema.get(key) is not None and not isinstance(schema[key], list):
+            raise ValueError(f"{where}.{key}: expected a list")
+    if schema.get("properties") is not None:
+        if not isinstance(schema["properties"], dict):
+            raise ValueError(f"{where}.properties: expected an object mapping names to schemas")
+        for name, value in schema["properties"].items():
+            if isinstance(value, dict):
+                _check_schema(value, f"{where}.properties.{name}")
+    if isinstance(schema.get("items"), dict):
+        _check_schema(schema["items"], f"{where}.items")
 
 
 def normalize_call(call: Any, where: str) -> ToolCall:

@@ -133,8 +133,7 @@ class Preparer:
         if not all(map(has_content, messages)):
             tally.dropped["empty_after_cleaning"] += 1
             return None
-        verdict = self.dedup.check("\n".join(m["content"].strip() + (json.dumps(m["tool_calls"]) if m.get("tool_calls")
-                                                                      else "") for m in messages))
+        verdict = self.dedup.check("\n".join(_dedup_text(m) for m in messages))
         if verdict:
             tally.dropped[verdict] += 1
             return None
@@ -172,9 +171,11 @@ class Preparer:
     def _truncate(self, messages: list[Message]) -> tuple[list[Message], list[tuple[int, int]]] | None:
         """Cut the last answer so the whole conversation fits cutoff_len tokens (its end-of-turn kept,
         so the model still learns to stop); None when the prompt alone leaves no room for an answer."""
+        if messages[-1].get("tool_calls") or messages[-1].get("thinking"):
+            return None  # only an answer's text is cut; its calls and thinking are whole or not at all
         answer = messages[-1]["content"].strip()
         keep = len(answer)
-        while True:
+        while keep > 0:
             candidate = [*messages[:-1], {**messages[-1], "content": answer[:keep].strip()}]
             rendered = render_conversation(candidate, self.family)
             (offsets,) = token_offsets(self.tokenizer, [rendered.text])
@@ -189,6 +190,13 @@ class Preparer:
                 return None
             cut_token = first_answer_token + answer_token_count - over
             keep = min(keep - 1, offsets[cut_token][0] - answer_start)
+        return None
+
+
+def _dedup_text(message: Message) -> str:
+    """A message as deduplication compares it: its text, and what else it says (calls, tools, thinking)."""
+    extra = {k: message[k] for k in ("tool_calls", "tools", "thinking") if message.get(k)}
+    return message["content"].strip() + (json.dumps(extra, ensure_ascii=False, sort_keys=True) if extra else "")
 
 
 def token_offsets(tokenizer: Any, texts: list[str]) -> list[list[tuple[int, int]]]:

@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from typing import Any
 
-from gemmaforge.answers import AnswerReader, Pieces, read_whole
+from gemmaforge.answers import Pieces
 from gemmaforge.inference.jobs import Delta, Event, Finished
 from gemmaforge.serve.protocol import (
     OLLAMA_DEFAULTS,
@@ -54,7 +54,7 @@ class OllamaDialect:
                           reading=None if raw else served.family.chat, tools=bool(tools))
 
     async def stream(self, c: Completion, events: AsyncIterator[Event]) -> AsyncIterator[bytes]:
-        reader = AnswerReader(c.reading, c.tools) if c.reading else None
+        reader = c.reader()
         calls = 0
         async for event in events:
             if isinstance(event, Delta):
@@ -71,7 +71,7 @@ class OllamaDialect:
                 yield ndjson({"error": event.message})
 
     def whole(self, c: Completion, text: str, end: Finished) -> dict[str, Any]:
-        pieces = read_whole(c.reading, c.tools, text) if c.reading else Pieces(text)
+        pieces = c.read_whole(text)
         return _chunk(c, pieces, 0, **_final(c, end))
 
 

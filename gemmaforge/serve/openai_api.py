@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator
 from datetime import datetime
 from typing import Any
 
-from gemmaforge.answers import AnswerReader, Pieces, read_whole
+from gemmaforge.answers import Pieces
 from gemmaforge.inference.jobs import Delta, Event, Finished
 from gemmaforge.serve.protocol import (
     OLLAMA_DEFAULTS,
@@ -50,7 +50,7 @@ class OpenAIDialect:
 
     async def stream(self, c: Completion, events: AsyncIterator[Event]) -> AsyncIterator[bytes]:
         answer = _Answer(c)
-        reader = AnswerReader(c.reading, c.tools) if c.reading else None
+        reader = c.reader()
         if c.chat:
             yield sse(answer.envelope([{"index": 0, "delta": {"role": "assistant", "content": ""},
                                         "finish_reason": None}], True))
@@ -73,7 +73,7 @@ class OpenAIDialect:
 
     def whole(self, c: Completion, text: str, end: Finished) -> dict[str, Any]:
         answer = _Answer(c)
-        pieces = read_whole(c.reading, c.tools, text) if c.reading else Pieces(text)
+        pieces = c.read_whole(text)
         choice = answer.choice(pieces, None, False)
         return answer.envelope([{**choice, "finish_reason": answer.finish_reason(end)}], False, usage=usage(end))
 

@@ -13,10 +13,11 @@ from dataclasses import dataclass
 from dataclasses import field as dataclass_field
 from typing import Any, Protocol
 
+from gemmaforge.answers import AnswerReader, Pieces, read_whole
 from gemmaforge.families import ChatFormat
 from gemmaforge.inference.jobs import Event, Finished, Params
 from gemmaforge.serve.registry import Served
-from gemmaforge.templates import BOS, Message, ollama_prompt
+from gemmaforge.templates import BOS, THOUGHT_OPEN, Message, ollama_prompt
 from gemmaforge.tool_text import Tool, normalize_call, normalize_tool
 
 # Ollama's own defaults, which Params carries
@@ -57,6 +58,17 @@ class Completion:
     reading: ChatFormat | None = None  # the answer is read in this format (thinking, tool calls); None: raw text
     tools: bool = False  # the request offered tools: calls are read back
     started_ns: int = dataclass_field(default_factory=time.perf_counter_ns)
+
+    def reader(self) -> AnswerReader | None:
+        """How the answer is read (None: as raw text); one that the prompt leaves inside Gemma 4's thought channel
+        starts there."""
+        if self.reading is None:
+            return None
+        return AnswerReader(self.reading, self.tools, in_thought=self.prompt.endswith(THOUGHT_OPEN))
+
+    def read_whole(self, text: str) -> Pieces:
+        reader = self.reader()
+        return read_whole(reader, text) if reader else Pieces(text)
 
 
 class Dialect(Protocol):

@@ -63,7 +63,7 @@ def internal(messages: list[dict]) -> list[dict]:
 def test_ollama_gemma4_thinks_calls_a_tool_and_reads_its_result(client, served) -> None:
     engine = served[1]["g4"]
     engine.scripts += [f"<|channel>thought\n{THOUGHT}\n<channel|>{gemma4_call(CALL)}<|tool_response>",
-                       "Ordered: a flat white, two shots."]
+                       "The order went through.<channel|>Ordered: a flat white, two shots."]
     first = client.chat(model="g4", messages=ASK, tools=[ORDER], think=True)
     assert engine.prompts[-1] == render_conversation(internal(ASK), GEMMA4, True, think=True).text
     assert first.message.thinking == THOUGHT and first.message.content == ""
@@ -80,7 +80,9 @@ def test_ollama_gemma4_thinks_calls_a_tool_and_reads_its_result(client, served) 
     assert engine.prompts[-1] == prompt  # the model goes on inside its turn, after the tool's answer
     assert prompt.endswith('<|tool_response>response:order_coffee{value:<|"|>order #12 ready at 9:05<|"|>}'
                            "<tool_response|><|channel>thought\n")
-    assert second.message.content == "Ordered: a flat white, two shots." and not second.message.tool_calls
+    # the prompt opened the thought channel: the model thinks on, then answers
+    assert second.message.thinking == "The order went through." and not second.message.tool_calls
+    assert second.message.content == "Ordered: a flat white, two shots."
 
 
 def test_ollama_streams_thinking_apart_from_the_answer(client, served) -> None:

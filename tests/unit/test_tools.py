@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from gemmaforge.answers import AnswerReader, Pieces
+from gemmaforge.answers import AnswerReader, Pieces, read_whole
 from gemmaforge.errors import UserError
 from gemmaforge.families import FAMILIES
 from gemmaforge.templates import (
@@ -79,6 +79,15 @@ CONVERSATIONS: dict[str, list[dict[str, Any]]] = {
         {"role": "assistant", "content": "Yes, less milk.", "thinking": "Cortado: 1:1 milk. Latte: much more."},
         {"role": "user", "content": "And a flat white?"},
         {"role": "assistant", "content": "Between the two.", "thinking": "Flat white: microfoam, double shot."},
+    ],
+    "schemas as clients write them": [  # a pydantic dict field, a boolean schema, a null description, a response
+        {"role": "system", "content": "", "tools": [normalize_tool({"type": "function", "function": {
+            "name": "log", "description": None, "response": {"description": "Saved", "type": "object"},
+            "parameters": {"type": "object", "properties": {
+                "counts": {"type": "object", "title": "Counts", "additionalProperties": {"type": "integer"}},
+                "anything": True, "tags": {"type": "array", "items": {"type": ["string", None]}}}}}}, "t")]},
+        {"role": "user", "content": "Log it"},
+        {"role": "assistant", "content": "Logged."},
     ],
     "a call that waits for its result": [
         {"role": "system", "content": "", "tools": [BREW]},
@@ -286,13 +295,40 @@ def test_answers_split_into_thinking_content_and_calls_however_they_stream(step:
 
 
 def test_a_call_that_does_not_parse_is_shown_not_lost() -> None:
-    assert read(GEMMA4, "<|tool_call>call:oops{<tool_call|>", True, 2) == Pieces("<|tool_call>call:oops{<tool_call|>")
+    assert read(GEMMA4, '<|tool_call>call:oops{a:<|"|>x<|"|>,b<tool_call|>', True, 2) == Pieces('call:oops{a:"x",b')
+
+
+def test_thinking_opened_by_the_prompt_and_a_channel_name_split_across_pieces() -> None:
+    after_result = AnswerReader(GEMMA4.chat, True, in_thought=True)  # thinking on, after a tool's result
+    assert read_whole(after_result, "The tool says sunny.<channel|>It is sunny.") == Pieces(
+        "It is sunny.", "The tool says sunny.")
+    reader, total = AnswerReader(GEMMA4.chat, False), Pieces()
+    for piece in ("<|channel>thought\nI re", "thought", "\n", "so<channel|>Hi"):
+        total += reader.feed(piece)
+    assert total + reader.finish() == Pieces("Hi", "I rethought\nso")
+
+
+def test_named_results_without_ids_keep_their_names() -> None:
+    """The official ollama client sends parallel results with tool_name and no ids: each keeps its name, as in
+    Ollama's Gemma 4 renderer."""
+    messages = [{"role": "system", "content": "", "tools": [WEATHER, BREW]}, {"role": "user", "content": "both"},
+                {"role": "assistant", "content": "", "tool_calls": [{"name": "get_weather", "arguments": {}},
+                                                                     {"name": "brew", "arguments": {}}]},
+                {"role": "tool", "name": "get_weather", "content": "sun"},
+                {"role": "tool", "name": "brew", "content": "ok"}]
+    prompt = ollama_prompt(messages, GEMMA4)
+    assert 'response:get_weather{value:<|"|>sun<|"|>}' in prompt and 'response:brew{value:<|"|>ok<|"|>}' in prompt
 
 
 @pytest.mark.parametrize("value, pattern", [
     ({"type": "function"}, "expected a tool definition"),
     ({"name": ""}, "name is missing"),
-    ({"name": "x", "parameters": "no"}, "parameters must be a JSON schema object"),
+    ({"name": "x", "parameters": "no"}, "parameters: must be a JSON schema object"),
+    ({"name": "x", "parameters": {"properties": ["a"]}}, r"parameters.properties: expected an object"),
+    ({"name": "x", "parameters": {"required": 5}}, r"parameters.required: expected a list"),
+    ({"name": "x", "parameters": {"properties": {"a": {"enum": "b"}}}}, r"parameters.properties.a.enum: expected"),
+    ({"name": "x", "parameters": {"properties": {"a": {"items": {"type": 5}}}}},
+     r"parameters.properties.a.items.type: expected a type name"),
 ])
 def test_bad_tools_are_named(value: Any, pattern: str) -> None:
     with pytest.raises(ValueError, match=f"tools\\[0\\]: .*{pattern}"):
@@ -352,3 +388,27 @@ def test_thinking_in_data_loads_from_its_fields_or_gemma4s_markup(gemma4_tokeniz
         "<|channel>thought\n1:1 milk.\n<channel|>Equal parts.<turn|>")
     plain = {"messages": [{"role": "user", "content": "Q"}, {"role": "assistant", "content": "<think>x</think>A"}]}
     assert to_messages(plain, schema, "d")[1] == {"role": "assistant", "content": "<think>x</think>A"}  # text
+
+
+def test_prepare_keeps_tool_conversations_whole(tmp_path, gemma3_tokenizer) -> None:
+    """Over cutoff_len, an answer with thinking or calls is dropped (only a plain answer's text is cut); two
+    conversations that differ only in the tools offered are not duplicates."""
+    from gemmaforge.config import DataConfig
+    from gemmaforge.data.prepare import prepare_data, read_prepared
+
+    ask = {"role": "user", "content": "Brew"}
+    rows = [
+        {"messages": [ask, {"role": "assistant", "content": "ok", "thinking": "long " * 400}]},
+        {"messages": [ask, {"role": "assistant", "content": "", "tool_calls": [{"type": "function", "function": {
+            "name": "brew", "arguments": {"note": "long " * 400}}}]}], "tools": [BREW]},
+        {"messages": [ask, {"role": "assistant", "content": "Brewing."}], "tools": [BREW]},
+        {"messages": [ask, {"role": "assistant", "content": "Brewing."}], "tools": [WEATHER]},
+        {"messages": [ask, {"role": "assistant", "content": "Brewing."}], "tools": [WEATHER]},
+    ]
+    source = tmp_path / "tools.jsonl"
+    source.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    config = DataConfig(path=str(source), val_size=0, clean={"overlong": "truncate"})
+    stats = prepare_data(config, 0, tmp_path / "out", gemma3_tokenizer, GEMMA4, 256)
+    assert stats["dropped"] == {"too_long": 2, "duplicate": 1} and stats["kept"] == 2
+    kept = read_prepared(tmp_path / "out" / "train.jsonl")
+    assert sorted(c[0]["tools"][0]["function"]["name"] for c in kept) == ["brew", "get_weather"]
