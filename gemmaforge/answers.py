@@ -21,7 +21,7 @@ from gemmaforge.tool_text import (
     parse_gemma4_call,
 )
 
-THOUGHT_OPEN, THOUGHT_CLOSE, CHANNEL_NAME = "<|channel>", "<channel|>", "thought\n"
+CHANNEL_OPEN, CHANNEL_CLOSE, CHANNEL_NAME = "<|channel>", "<channel|>", "thought\n"
 ACTION = "Action:"
 _AFTER_CALL = (TOOL_CALL_CLOSE, TOOL_RESPONSE_OPEN)
 
@@ -88,13 +88,13 @@ class AnswerReader:
         """Consume what the buffer allows in the current state; True when the state changed (read on)."""
         text = self.buffer
         if self.state == "content":
-            opens = [(text.find(m), m) for m in (THOUGHT_OPEN, TOOL_CALL_OPEN) if m in text]
+            opens = [(text.find(m), m) for m in (CHANNEL_OPEN, TOOL_CALL_OPEN) if m in text]
             if opens:
                 at, marker = min(opens)
                 out.content += text[:at].rstrip()
-                self.buffer, self.state = text[at + len(marker):], "channel" if marker == THOUGHT_OPEN else "call"
+                self.buffer, self.state = text[at + len(marker):], "channel" if marker == CHANNEL_OPEN else "call"
                 return True
-            send, self.buffer = _split_sendable(text, done, THOUGHT_OPEN, TOOL_CALL_OPEN)
+            send, self.buffer = _split_sendable(text, done, CHANNEL_OPEN, TOOL_CALL_OPEN)
             out.content += send
             return False
         if self.state == "channel":
@@ -103,12 +103,12 @@ class AnswerReader:
             self.buffer, self.state = text.removeprefix(CHANNEL_NAME), "thought"
             return True
         if self.state == "thought":
-            if THOUGHT_CLOSE in text:
-                thought, rest = text.split(THOUGHT_CLOSE, 1)
+            if CHANNEL_CLOSE in text:
+                thought, rest = text.split(CHANNEL_CLOSE, 1)
                 out.thinking += thought.rstrip()
                 self.buffer, self.state = rest.lstrip(), "content"
                 return True
-            send, self.buffer = _split_sendable(text, done, THOUGHT_CLOSE)
+            send, self.buffer = _split_sendable(text, done, CHANNEL_CLOSE)
             out.thinking += send
             return False
         if self.state == "after call":  # stray markers after a call (its end, the tool's turn) are not answer

@@ -412,3 +412,16 @@ def test_prepare_keeps_tool_conversations_whole(tmp_path, gemma3_tokenizer) -> N
     assert stats["dropped"] == {"too_long": 2, "duplicate": 1} and stats["kept"] == 2
     kept = read_prepared(tmp_path / "out" / "train.jsonl")
     assert sorted(c[0]["tools"][0]["function"]["name"] for c in kept) == ["brew", "get_weather"]
+
+
+def test_a_run_serves_tools_when_its_prepared_data_offered_them(tmp_path) -> None:
+    """What serve and export read (RunDir.trained_with_tools) from the stats.json that data prepare writes."""
+    from gemmaforge.runs import RunDir
+
+    run = RunDir(tmp_path)
+    assert not run.trained_with_tools()  # no prepared data yet
+    run.data_dir.mkdir()
+    (run.data_dir / "stats.json").write_text(json.dumps({"tool_conversations": 0}), encoding="utf-8")
+    assert not run.trained_with_tools()
+    (run.data_dir / "stats.json").write_text(json.dumps({"tool_conversations": 169}), encoding="utf-8")
+    assert run.trained_with_tools()
