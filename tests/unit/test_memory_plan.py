@@ -5,6 +5,7 @@ the `plan` verb, and `train` refusing a config that cannot fit."""
 from __future__ import annotations
 
 import json
+from contextlib import nullcontext
 from pathlib import Path
 
 import pytest
@@ -22,7 +23,7 @@ from gemmaforge.train.trainer import check_memory
 from gemmaforge.train.wrapping import lora_targets, wrap_for_training
 from gemmaforge.units import parse_binary_size
 from tests.helpers import run_config, write_config
-from tests.tensor_memory import PeakTensorMemory
+from tests.tensor_memory import Fp32Matmuls, PeakTensorMemory
 
 QUICKSTART = Path(__file__).parents[2] / "examples" / "quickstart.yaml"
 
@@ -259,6 +260,27 @@ def test_the_tensor_tracker_counts_what_lives() -> None:
     assert tracked.peak == 4000 + 2 * 4 * 2**20 and after == 4000 + 4 * 2**20 and view.shape == (10,)
 
 
+def test_bf16_matmuls_in_fp32_leave_the_tracked_peak_and_the_dtypes_as_they_are() -> None:
+    """The measured training steps enter Fp32Matmuls for speed: what the tracker sees must not change."""
+    generator = torch.Generator().manual_seed(0)
+    linear = torch.nn.Linear(64, 96, dtype=torch.bfloat16)
+    x = torch.randn(2, 8, 64, generator=generator).bfloat16().requires_grad_()
+
+    def step(fast: bool) -> tuple[int, torch.Tensor, torch.Tensor]:
+        with Fp32Matmuls() if fast else nullcontext(), PeakTensorMemory(x, *linear.parameters()) as tracked:
+            out = torch.bmm(linear(x), linear.weight.expand(2, 96, 64))
+            out.square().mean().backward()
+        grad, x.grad = x.grad, None
+        linear.zero_grad(set_to_none=True)
+        return tracked.peak, out, grad
+
+    peak, out, grad = step(fast=False)
+    fast_peak, fast_out, fast_grad = step(fast=True)
+    assert fast_peak == peak and fast_out.dtype == fast_grad.dtype == torch.bfloat16
+    torch.testing.assert_close(fast_out, out, rtol=2e-2, atol=2e-2)
+    torch.testing.assert_close(fast_grad, grad, rtol=2e-2, atol=2e-2)
+
+
 # tiny checkpoints of every kind and Gemma 2's text model (eager attention), not the text-only Gemma 1 and Gemma 4
 # (about 15 s each on 2 cores); a 16-position logits chunk so that weights and activations weigh as much as the
 # 262k-entry logits do
@@ -308,7 +330,7 @@ def test_the_plan_predicts_the_measured_peak_of_a_training_step(kind: str, preci
         inputs["position_ids"] = torch.cat([torch.arange(100), torch.arange(cutoff - 100)]).repeat(batch, 1)
     else:
         inputs["attention_mask"] = torch.ones_like(ids)
-    with PeakTensorMemory(*model.parameters(), *model.buffers()) as tracked:
+    with Fp32Matmuls(), PeakTensorMemory(*model.parameters(), *model.buffers()) as tracked:
         model(**inputs).loss.backward()
         optimizer.step()  # its moments appear beside the gradients
     assert planned == pytest.approx(tracked.peak, rel=0.2), \
