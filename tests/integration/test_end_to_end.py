@@ -28,7 +28,8 @@ NEW_TOKENS = 24
 def run_dir(tmp_path_factory: pytest.TempPathFactory, embedded_model) -> Path:
     tmp = tmp_path_factory.mktemp("e2e")
     config = write_config(tmp, "gemma3-270m", max_steps=2, learning_rate=1e-3, save_steps=2)
-    assert main(["run", str(config), "eval.max_new_tokens=48"]) == 0
+    # retention (60 probes and the general text, ~100 s a side on 2 cores) is scored in test_eval_run
+    assert main(["run", str(config), "eval.max_new_tokens=48", "eval.retention=false"]) == 0
     return tmp / "run"
 
 
@@ -38,7 +39,7 @@ def test_eval_compares_base_and_tuned_on_the_real_model(run_dir: Path) -> None:
     results = json.loads((run_dir / "eval" / "results.json").read_text(encoding="utf-8"))
     assert results["suite"]["source"].startswith("val sample") and len(results["cases"]) == 4
     for side in ("base", "tuned"):
-        assert 1.0 < results[side]["perplexity"] < 1e4 and 0 <= results[side]["retention_accuracy"] <= 1
+        assert 1.0 < results[side]["perplexity"] < 1e4 and results[side]["retention_accuracy"] is None
         assert all(case[side]["answer"] for case in results["cases"])
     # two steps of LoRA at 1e-3 already fit the val split better
     assert results["tuned"]["eval_loss"] < results["base"]["eval_loss"]
