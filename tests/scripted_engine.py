@@ -18,6 +18,7 @@ from gemmaforge.serve.registry import Registry, Served
 class ScriptedEngine:
     kind = "transformers"
     device = "cpu"
+    vision = None
 
     def __init__(self, tokenizer: Any, family: Family):
         self.tokenizer, self.family = tokenizer, family

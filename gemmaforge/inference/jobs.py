@@ -62,6 +62,7 @@ class Job:
     adapter: str | None  # None: the base model
     loop: asyncio.AbstractEventLoop
     stream: bool = True  # False: the text comes as one Delta before Finished (one wake-up of `loop`, not one a token)
+    images: dict[str, Any] | None = None  # the prompt's image inputs (vision.ImagePrompt.expand), if it has images
     events: asyncio.Queue[Event] = field(default_factory=asyncio.Queue)
     cancelled: threading.Event = field(default_factory=threading.Event)
 
@@ -191,8 +192,14 @@ class Engine(Protocol):
     kind: str  # "transformers" | "llamacpp"
     family: Family
     device: Any  # where the weights are: "cpu", or a torch device (cuda: GPU memory)
+    vision: Any  # how images enter its prompts (vision.ImagePrompt); None: it takes none
 
     def encode(self, text: str) -> list[int]: ...
+
+    def encode_images(self, text: str, images: list[Any]) -> tuple[list[int], dict[str, Any]]:
+        """`text`'s ids with each image placeholder expanded, and the images' inputs (Job.images); ValueError with
+        the reason when the model or engine takes no images, or the placeholders and images differ in number."""
+        ...
 
     def compile_grammar(self, spec: str) -> None:
         """Make (and keep) the grammar for Params.grammar `spec`; ValueError with the reason when the schema

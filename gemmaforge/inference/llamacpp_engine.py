@@ -19,6 +19,7 @@ from gemmaforge.inference.jobs import Answer, Finished, Job, QueueFull, TextStre
 
 class LlamaCppEngine:
     kind = "llamacpp"
+    vision = None  # images: not yet (see encode_images)
     device = "cpu"  # no layers are offloaded to a GPU
 
     def __init__(self, gguf: Path, family: Family, *, num_ctx: int = 4096, max_queue: int = 64,
@@ -42,6 +43,10 @@ class LlamaCppEngine:
 
     def encode(self, text: str) -> list[int]:
         return self.llm.tokenize(text.encode(), add_bos=False, special=True)
+
+    def encode_images(self, text: str, images: list[Any]) -> tuple[list[int], dict[str, Any]]:
+        raise ValueError("the llama.cpp engine takes no images yet; serve the run or its merged folder with "
+                         "--engine transformers")
 
     def _decode(self, ids: list[int]) -> str:
         return decode_with_markers(ids, self.markers,

@@ -29,6 +29,7 @@ from gemmaforge.inference.constrained import Grammars, Matcher
 from gemmaforge.inference.jobs import Answer, Finished, Job, QueueFull, TextStream, decode_with_markers, marker_ids
 from gemmaforge.inference.sampling import choose_token, new_generator
 from gemmaforge.models import fast_last_position_logits
+from gemmaforge.vision import ImagePrompt
 
 T = TypeVar("T")
 
@@ -61,9 +62,11 @@ class TransformersEngine:
 
     def __init__(self, model: Any, tokenizer: Any, family: Family, *, max_batch: int = 16, max_queue: int = 64,
                  num_ctx: int = 4096, max_prefill_tokens: int = 4096, base_path: Path | None = None,
-                 base_name: str | None = None):
+                 base_name: str | None = None, vision: ImagePrompt | None = None,
+                 no_vision: str = "the model has no vision tower"):
         self.model, self.tokenizer, self.family = fast_last_position_logits(model.eval()), tokenizer, family
         self.base_path, self.base_name = base_path, base_name  # the folder loaded, as the user named it
+        self.vision, self.no_vision = vision, no_vision  # how images enter a prompt, or why they cannot
         self.device = next(model.parameters()).device
         self.peft: Any = None  # the PeftModel once an adapter is loaded
         self._tuner_layer: Any = None  # one of PEFT's adapter layers, once an adapter is loaded (see _use)
@@ -90,6 +93,12 @@ class TransformersEngine:
 
     def encode(self, text: str) -> list[int]:
         return self.tokenizer(text, add_special_tokens=False).input_ids
+
+    def encode_images(self, text: str, images: list[Any]) -> tuple[list[int], dict[str, Any]]:
+        if self.vision is None:
+            raise ValueError(self.no_vision)
+        expanded, inputs = self.vision.expand(text, images)
+        return self.encode(expanded), inputs
 
     def parameter_count(self) -> int:
         return sum(p.numel() for p in self.model.parameters())
@@ -271,6 +280,9 @@ class TransformersEngine:
         for adapter, waiting in by_adapter.items():
             group: list[Job] = []
             for job in sorted(waiting, key=lambda j: len(j.prompt_ids)):  # each job is the group's longest so far
+                if job.images:  # its image inputs go through the towers in a forward of its own
+                    groups.append((adapter, [job]))
+                    continue
                 if group and (len(group) + 1) * len(job.prompt_ids) > self.max_prefill_tokens:
                     groups.append((adapter, group))
                     group = []
@@ -294,8 +306,9 @@ class TransformersEngine:
         ids, mask = ids.to(self.device), mask.to(self.device)
         positions = (mask.cumsum(dim=1) - 1).clamp(min=0)
         cache = DynamicCache()  # full-length layers: the sliding window is applied by the attention mask
+        images = self._image_inputs(jobs[0], ids) if jobs[0].images else {}  # a job with images is alone
         logits = self._forward(adapter, cache, input_ids=ids, attention_mask=mask, position_ids=positions,
-                               cache_position=torch.arange(width, **on))
+                               cache_position=torch.arange(width, **on), **images)
         now = time.perf_counter_ns()
         rows = [_Running(Answer(job, TextStream(self._decode, job.params.stop), self.num_ctx, prompt_ns=now - start,
                                 started_ns=now), new_generator(job.params.seed), list(job.prompt_ids),
@@ -314,6 +327,13 @@ class TransformersEngine:
                 _select(new, keep)
             if new.rows:
                 self._batches[adapter] = _join(self._batches.get(adapter), new)
+
+    def _image_inputs(self, job: Job, ids: torch.Tensor) -> dict[str, Any]:
+        """A job's image inputs for the prefill forward: pixels in the model's dtype, image tokens marked."""
+        dtype = next(self.model.parameters()).dtype
+        inputs = {key: value.to(self.device, dtype=dtype) if value.is_floating_point() else value.to(self.device)
+                  for key, value in job.images.items()}
+        return {**inputs, **self.vision.token_types(ids)}
 
     def _step(self, adapter: str | None) -> None:
         batch = self._batches[adapter]

@@ -37,7 +37,7 @@ from gemmaforge.serve.openai_api import OpenAIDialect, model_object
 from gemmaforge.serve.protocol import ApiError, Dialect, Limits, bad
 from gemmaforge.serve.registry import Registry, Served, check_name
 
-MAX_BODY = 4 * 2**20
+MAX_BODY = 32 * 2**20  # a few camera photos in base64
 OLLAMA, OPENAI = OllamaDialect(), OpenAIDialect()
 
 
@@ -99,11 +99,9 @@ def create_app(registry: Registry, *, api_key: str | None = None, max_tokens: in
             served_or_404(served.name)
         return served, keep
 
-    async def events(served: Served, ids: list[int], params: p.Params, request: Request,
-                     stream: bool) -> AsyncIterator[Event]:
+    async def events(served: Served, job: Job, request: Request) -> AsyncIterator[Event]:
         """Submit a job and yield its events; a disconnected client or the timeout cancels it. The model is
         kept loaded after it as the latest request's keep_alive says (see Registry.keep)."""
-        job = Job(ids, params, served.adapter, asyncio.get_running_loop(), stream)
         try:
             served.engine.submit(job)
         except QueueFull as e:
@@ -140,8 +138,9 @@ def create_app(registry: Registry, *, api_key: str | None = None, max_tokens: in
             job.cancelled.set()  # a client gone mid-stream (or any early exit) stops the generation
             registry.keep(served.name)
             # one line a request, as Ollama logs them: what ended it shows a client's stop button working
-            console.print(f"[bold]serve[/]: {request.method} {request.url.path} {served.name} ({len(ids)} prompt "
-                          f"tokens): {outcome}, {time.monotonic() - begin:.2f} s", highlight=False)
+            console.print(f"[bold]serve[/]: {request.method} {request.url.path} {served.name} "
+                          f"({len(job.prompt_ids)} prompt tokens): {outcome}, {time.monotonic() - begin:.2f} s",
+                          highlight=False)
 
     # ------------------------------------------------------------------ Ollama
 
@@ -180,7 +179,8 @@ def create_app(registry: Registry, *, api_key: str | None = None, max_tokens: in
                 "parameters": parameters, "template": ollama_template(served.family), "system": served.system or "",
                 "details": served.details, "model_info": {"general.architecture": served.family.gguf_arch},
                 "capabilities": ["completion", *(["tools"] if served.tools else []),
-                                 *(["thinking"] if served.family.chat.thinking else [])],
+                                 *(["thinking"] if served.family.chat.thinking else []),
+                                 *(["vision"] if served.engine.vision else [])],
                 "modified_at": served.modified_at}
 
     app.include_router(admin_routes(registry, served_or_404, body))
@@ -200,12 +200,21 @@ def create_app(registry: Registry, *, api_key: str | None = None, max_tokens: in
                     await asyncio.to_thread(served.engine.compile_grammar, completion.grammar)
                 except ValueError as e:
                     raise bad(f"format / response_format: this JSON schema cannot be enforced: {e}") from None
-            ids = served.engine.encode(completion.prompt)
+            images = None
+            if completion.images:  # the image processor's work, off the event loop
+                try:
+                    ids, images = await asyncio.to_thread(served.engine.encode_images, completion.prompt,
+                                                          list(completion.images))
+                except ValueError as e:
+                    raise p.bad(f"images: {served.name} takes no images here: {e}") from None
+            else:
+                ids = served.engine.encode(completion.prompt)
             params = p.sampling_params(completion, limits, len(ids), registry.num_ctx)
         except ApiError:  # refused before it reached the engine: the model is no longer held for it
             registry.keep(served.name)
             raise
-        stream = events(served, ids, params, request, completion.stream)
+        stream = events(served, Job(ids, params, served.adapter, asyncio.get_running_loop(), completion.stream,
+                                    images), request)
         if completion.stream:
             first = await first_event(stream)  # a full queue is still a plain 503, before the stream starts
             return StreamingResponse(dialect.stream(completion, prepend(first, stream)), media_type=dialect.media_type)

@@ -19,6 +19,7 @@ from gemmaforge.serve.protocol import (
     chat_prompt,
     field,
     generate_prompt,
+    images_in,
     json_schema,
     messages_of,
     refuse_unsupported,
@@ -42,16 +43,17 @@ class OllamaDialect:
             return {"model": data["model"], "created_at": now(), **empty, "done": True, "done_reason": "load"}
         think, tools = think_of(data), tools_of(data) if chat else []
         if chat:
-            prompt = chat_prompt(served, messages_of(data), tools, think)
+            messages = messages_of(data, served.family.chat.image)
+            prompt, images = chat_prompt(served, messages, tools, think), images_in(messages)
         else:
             if data.get("tools"):
                 raise bad("tools: /api/generate takes no tools; use /api/chat")
-            prompt = generate_prompt(served, data, think)
+            prompt, images = generate_prompt(served, data, think)
         options = field(data, "options", dict, {})
         raw = not chat and field(data, "raw", bool, False)
         return Completion(data["model"], prompt, chat, field(data, "stream", bool, True), options_of(served, options),
                           stops(options, "options."), grammar=format_of(data),
-                          reading=None if raw else served.family.chat, tools=bool(tools))
+                          reading=None if raw else served.family.chat, tools=bool(tools), images=images)
 
     async def stream(self, c: Completion, events: AsyncIterator[Event]) -> AsyncIterator[bytes]:
         reader = c.reader()

@@ -20,6 +20,7 @@ from gemmaforge.serve.protocol import (
     chat_prompt,
     field,
     generate_prompt,
+    images_in,
     json_schema,
     messages_of,
     stops,
@@ -34,11 +35,13 @@ class OpenAIDialect:
 
     def parse(self, data: dict[str, Any], served: Served, chat: bool) -> Completion:
         tools: list[Any] = []
+        images: tuple[Any, ...] = ()
         if chat:
             tools = tools_of(data) if tool_choice(data) == "auto" else []
-            prompt = chat_prompt(served, messages_of(data, openai=True), tools, think_of(data))
+            messages = messages_of(data, served.family.chat.image, openai=True)
+            prompt, images = chat_prompt(served, messages, tools, think_of(data)), images_in(messages)
         elif isinstance(data.get("prompt"), str):
-            prompt = generate_prompt(served, {"prompt": data["prompt"]})
+            prompt, _ = generate_prompt(served, {"prompt": data["prompt"]})
         else:
             raise bad("prompt: expected a string")
         stream = field(data, "stream", bool, False)
@@ -46,7 +49,7 @@ class OpenAIDialect:
                                          "stream_options.")
         return Completion(data["model"], prompt, chat, stream, options_of(served, data), stops(data), include_usage,
                           grammar=response_format(data), reading=served.family.chat if chat else None,
-                          tools=bool(tools))
+                          tools=bool(tools), images=images)
 
     async def stream(self, c: Completion, events: AsyncIterator[Event]) -> AsyncIterator[bytes]:
         answer = _Answer(c)

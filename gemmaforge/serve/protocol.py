@@ -4,6 +4,8 @@ the training template, and the sampling parameters a completion request comes to
 
 from __future__ import annotations
 
+import base64
+import binascii
 import dataclasses
 import json
 import re
@@ -19,11 +21,13 @@ from gemmaforge.inference.jobs import Event, Finished, Params
 from gemmaforge.serve.registry import Served
 from gemmaforge.templates import BOS, THOUGHT_OPEN, Message, ollama_prompt
 from gemmaforge.tool_text import Tool, normalize_call, normalize_tool
+from gemmaforge.vision import decode_image
 
 # Ollama's own defaults, which Params carries
 OLLAMA_DEFAULTS = {f.name: f.default for f in dataclasses.fields(Params)
                    if f.name in ("temperature", "top_p", "top_k", "min_p", "repeat_penalty", "repeat_last_n")}
 _ROLES = ("system", "user", "assistant", "tool")
+_IMAGE_ROLES = ("user", "tool")  # rendered in message order, so the images keep theirs
 _JSON_NAMES = {int: "number", float: "number", str: "string", bool: "boolean", dict: "object", list: "array"}
 
 
@@ -57,6 +61,7 @@ class Completion:
     grammar: str | None = None  # structured output (Params.grammar)
     reading: ChatFormat | None = None  # the answer is read in this format (thinking, tool calls); None: raw text
     tools: bool = False  # the request offered tools: calls are read back
+    images: tuple[Any, ...] = ()  # decoded, in the order of their placeholders in `prompt`
     started_ns: int = dataclass_field(default_factory=time.perf_counter_ns)
 
     def reader(self) -> AnswerReader | None:
@@ -153,10 +158,72 @@ def model_name(data: dict[str, Any]) -> str:
     return name
 
 
-def messages_of(data: dict[str, Any], openai: bool = False) -> list[Message]:
-    """A request's messages as templates.Message: text contents, an assistant's tool calls and thinking (Ollama's
-    `thinking`, OpenAI-compatible servers' `reasoning_content`), a tool result's function (Ollama's `tool_name`,
-    OpenAI's `tool_call_id` naming a call)."""
+def image(text: Any, where: str) -> Any:
+    """An image sent as base64 (Ollama's `images`; a data URI's prefix is accepted too), decoded."""
+    if not isinstance(text, str):
+        raise bad(f"{where}: expected a base64-encoded image")
+    head, sep, payload = text.partition(",")
+    if sep and head.startswith("data:"):
+        text = payload
+    try:
+        data = base64.b64decode(text, validate=True)
+    except (binascii.Error, ValueError):
+        raise bad(f"{where}: not valid base64") from None
+    try:
+        return decode_image(data, where)
+    except ValueError as e:
+        raise bad(str(e)) from None
+
+
+def image_url(part: dict[str, Any], where: str) -> Any:
+    """An OpenAI `image_url` content part's image: a data URI (remote URLs are refused, never fetched)."""
+    url = part.get("image_url")
+    url = url.get("url") if isinstance(url, dict) else url
+    if not isinstance(url, str):
+        raise bad(f"{where}image_url.url: expected a string")
+    if url.startswith(("http://", "https://")):
+        raise bad(f"{where}image_url: remote URLs are not fetched by this server; send the image itself as a data "
+                  "URI (data:image/png;base64,...)")
+    if not (url.startswith("data:") and url.partition(",")[0].endswith(";base64")):
+        raise bad(f"{where}image_url.url: expected a data URI (data:image/png;base64,...)")
+    return image(url, f"{where}image_url")
+
+
+def _content(m: dict[str, Any], where: str, openai: bool, placeholder: str) -> tuple[str, list[Any]]:
+    """A message's text, with `placeholder` where each of its images goes, and the images: OpenAI's content parts
+    in their order; Ollama's `images` before the text, as Ollama places them."""
+    content = m.get("content")
+    images: list[Any] = []
+    if openai and isinstance(content, list):  # [{"type": "text", "text": ...}, {"type": "image_url", ...}]
+        texts = []
+        for j, part in enumerate(content):
+            kind = part.get("type") if isinstance(part, dict) else None
+            if kind == "text" and isinstance(part.get("text"), str):
+                texts.append(part["text"])
+            elif kind == "image_url":
+                images.append(image_url(part, f"{where}content[{j}]."))
+                texts.append(placeholder)
+            else:
+                raise bad(f"{where}content[{j}]: expected a text or image_url part")
+        content = "".join(texts)
+    elif content is None:
+        content = ""
+    elif not isinstance(content, str):
+        raise bad(f"{where}content: expected string, got {type(content).__name__}")
+    sent = field(m, "images", list, [], where)
+    images += [image(data, f"{where}images[{j}]") for j, data in enumerate(sent)]
+    return placeholder * len(sent) + content, images
+
+
+def images_in(messages: list[Message]) -> tuple[Any, ...]:
+    return tuple(image for m in messages for image in m.get("images", ()))
+
+
+def messages_of(data: dict[str, Any], placeholder: str, openai: bool = False) -> list[Message]:
+    """A request's messages as templates.Message: text contents with `placeholder` where an image goes (the
+    decoded images under "images"), an assistant's tool calls and thinking (Ollama's `thinking`, OpenAI-compatible
+    servers' `reasoning_content`), a tool result's function (Ollama's `tool_name`, OpenAI's `tool_call_id` naming a
+    call)."""
     messages = field(data, "messages", list)
     if not messages:
         raise bad("messages: at least one message is required")
@@ -169,19 +236,10 @@ def messages_of(data: dict[str, Any], openai: bool = False) -> list[Message]:
         role = "system" if openai and role == "developer" else role
         if role not in _ROLES:
             raise bad(f"{where}role: {role!r} is not supported; expected one of {', '.join(_ROLES)}")
-        content = m.get("content")
-        if openai and isinstance(content, list):  # [{"type": "text", "text": ...}]
-            if not all(isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)
-                       for p in content):
-                raise bad(f"{where}content: only text parts are supported (this is a text model)")
-            content = "".join(p["text"] for p in content)
-        elif content is None:
-            content = ""
-        elif not isinstance(content, str):
-            raise bad(f"{where}content: expected string, got {type(content).__name__}")
-        if m.get("images"):
-            raise bad(f"{where}images: not supported (this is a text model)")
-        message: Message = {"role": role, "content": content}
+        content, images = _content(m, where, openai, placeholder)
+        if images and role not in _IMAGE_ROLES:
+            raise bad(f"{where}images: {role} messages carry no images; send them in a user message")
+        message: Message = {"role": role, "content": content, "images": images}
         if role == "assistant":
             calls = field(m, "tool_calls", list, [], where)
             try:
@@ -230,24 +288,25 @@ def chat_prompt(served: Served, messages: list[Message], tools: list[Tool] | Non
     return ollama_prompt(messages, served.family, think=check_think(served, think))
 
 
-def generate_prompt(served: Served, data: dict[str, Any], think: bool = False) -> str:
-    """/api/generate and /v1/completions: `prompt` in the chat template (with `system`), or as is with `raw`."""
+def generate_prompt(served: Served, data: dict[str, Any], think: bool = False) -> tuple[str, tuple[Any, ...]]:
+    """/api/generate and /v1/completions: `prompt` in the chat template (with `system`, after Ollama's `images`),
+    or as is with `raw` (which then holds an image placeholder for each image); and the decoded images."""
     prompt = field(data, "prompt", str, "")
     system = field(data, "system", str)
+    images = tuple(image(data, f"images[{j}]") for j, data in enumerate(field(data, "images", list, [])))
     if field(data, "raw", bool, False):
         if system or data.get("template") or data.get("context"):
             raise bad("raw mode does not support template, system, or context")
-        return prompt if prompt.startswith(BOS) else BOS + prompt
+        return (prompt if prompt.startswith(BOS) else BOS + prompt), images
     if data.get("template"):
         raise bad("template: a per-request template is not supported; the served model's training template is used")
     messages = [{"role": "system", "content": system}] if system else []
-    return chat_prompt(served, [*messages, {"role": "user", "content": prompt}], think=think)
+    user = {"role": "user", "content": served.family.chat.image * len(images) + prompt}
+    return chat_prompt(served, [*messages, user], think=think), images
 
 
 def refuse_unsupported(data: dict[str, Any]) -> None:
     """Fields that would change the answer in ways this server cannot honour: refused, not ignored."""
-    if data.get("images"):
-        raise bad("images: not supported (this is a text model)")
     if data.get("suffix"):
         raise bad("suffix: fill-in-the-middle is not supported by Gemma chat models")
 

@@ -23,6 +23,7 @@ from gemmaforge.errors import UserError
 from gemmaforge.families import FAMILIES, Family
 from gemmaforge.inference.jobs import Engine
 from gemmaforge.models import EMBEDDED_NAME, ResolvedModel, resolve_model
+from gemmaforge.vision import ImagePrompt
 
 if TYPE_CHECKING:
     from gemmaforge.inference.transformers_engine import TransformersEngine
@@ -318,9 +319,15 @@ def _load_transformers(base: ResolvedModel, reference: str, registry: Registry) 
     model = load_causal_lm(base.path, base.spec, dtype)
     if torch.cuda.is_available():
         model = model.to("cuda")
-    return TransformersEngine(model, load_tokenizer(base.path), base.family, max_batch=registry.max_batch,
+    tokenizer = load_tokenizer(base.path)
+    vision, no_vision = None, ""
+    try:
+        vision = ImagePrompt.load(base.path, base.spec, tokenizer)
+    except ValueError as e:
+        no_vision = str(e)
+    return TransformersEngine(model, tokenizer, base.family, max_batch=registry.max_batch,
                               max_queue=registry.max_queue, num_ctx=registry.num_ctx,
-                              base_path=base.path.resolve(), base_name=reference)
+                              base_path=base.path.resolve(), base_name=reference, vision=vision, no_vision=no_vision)
 
 
 def _require_safetensors(folder: Path, name: str | None = None) -> None:

@@ -569,8 +569,9 @@ def test_openai_errors(oai) -> None:
     ("/api/chat", b'{"model": "base", "messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function"}]}',
      400, "tools[0]: expected a tool definition"),
     ("/api/chat", b'{"model": "base", "messages": [{"role": "user", "content": "x", "images": ["aGk="]}]}', 400,
-     "images: not supported"),
-    ("/api/generate", b'{"model": "base", "prompt": "x", "images": ["aGk="]}', 400, "images: not supported"),
+     "messages[0].images[0]: not an image PIL can read"),
+    ("/api/generate", b'{"model": "base", "prompt": "x", "images": ["aGk="]}', 400,
+     "images[0]: not an image PIL can read"),
     ("/api/chat", b'{"model": "base", "messages": [{"role": "user", "content": "x"}], "think": true}', 400,
      "think: base:latest does not support thinking"),
     ("/api/chat", b'{"model": "base", "messages": [{"role": "user", "content": "x"}], "format": {"$ref": "#/no"}}',
@@ -590,7 +591,7 @@ def test_openai_errors(oai) -> None:
      "tools: base:latest does not support tools"),
     ("/v1/chat/completions", (b'{"model": "base", "messages": [{"role": "user", "content": [{"type": "image_url", '
                               b'"image_url": {"url": "data:image/png;base64,aGk="}}]}]}'), 400,
-     "only text parts are supported"),
+     "messages[0].content[0].image_url: not an image PIL can read"),
     ("/v1/chat/completions", (b'{"model": "base", "messages": [{"role": "user", "content": "x"}], '
                               b'"frequency_penalty": 0.5}'), 400, "frequency_penalty: not supported"),
     ("/v1/chat/completions", (b'{"model": "base", "messages": [{"role": "user", "content": "x"}], '
@@ -635,11 +636,11 @@ def test_oversized_prompt_and_body_are_refused(server) -> None:
     long = {"model": "base", "messages": [{"role": "user", "content": "coffee " * 5000}]}
     response = httpx.post(server[0] + "/api/chat", json=long)
     assert response.status_code == 400 and "does not fit the context window of 4096 tokens" in response.json()["error"]
-    huge = b'{"model": "base", "prompt": "' + b"x" * (5 * 2**20) + b'"}'
+    huge = b'{"model": "base", "prompt": "' + b"x" * (33 * 2**20) + b'"}'
     assert httpx.post(server[0] + "/api/generate", content=huge).status_code == 413
     pieces = iter([huge[i:i + 2**20] for i in range(0, len(huge), 2**20)])  # no Content-Length: chunked encoding
     response = httpx.post(server[0] + "/api/generate", content=pieces)
-    assert response.status_code == 413 and "request body larger than 4194304 bytes" in response.json()["error"]
+    assert response.status_code == 413 and "request body larger than 33554432 bytes" in response.json()["error"]
     assert httpx.get(server[0] + "/api/tags").status_code == 200
 
 

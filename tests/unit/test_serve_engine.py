@@ -4,8 +4,6 @@ joining and leaving mid-flight), stop strings and split characters in streaming,
 from __future__ import annotations
 
 import asyncio
-from collections import defaultdict
-from typing import Any
 
 import pytest
 import torch
@@ -14,29 +12,7 @@ from gemmaforge.families import FAMILIES
 from gemmaforge.inference.jobs import Answer, Delta, Event, Finished, Job, Params, TextStream
 from gemmaforge.inference.sampling import choose_token, new_generator
 from gemmaforge.inference.transformers_engine import TransformersEngine
-
-
-class RecordingEngine(TransformersEngine):
-    """Keeps each request's chosen token ids: bf16 answers are compared id by id with generate's."""
-
-    def __init__(self, *args: Any, **kwargs: Any):
-        super().__init__(*args, **kwargs)
-        self.chosen: dict[int, list[int]] = defaultdict(list)  # id(job) -> tokens, the stop token included
-
-    def _accept(self, row: Any, token: int) -> bool:
-        self.chosen[id(row.job)].append(token)
-        return super()._accept(row, token)
-
-
-async def ask(engine: TransformersEngine, job: Job, log: list[tuple[int, Event]], index: int) -> None:
-    """Submit `job` and append each of its events, tagged with `index`, to `log`. Every job's events
-    come through one event loop in the order the engine thread emitted them, so `log` is that order."""
-    engine.submit(job)
-    while True:
-        event = await job.events.get()
-        log.append((index, event))
-        if not isinstance(event, Delta):
-            return
+from tests.engine_recording import RecordingEngine, ask
 
 
 async def deltas_of(log: list[tuple[int, Event]], index: int, count: int) -> None:

@@ -1,0 +1,100 @@
+"""Images in a prompt, as Gemma's own processors put them there.
+
+The chat renderings write one placeholder per image where the image goes (`ChatFormat.image`: what the
+official chat template writes for an image part); `ImagePrompt.expand` turns each placeholder into the image's
+soft tokens and computes the model's image inputs with the checkpoint's image processor:
+- Gemma 3 (Gemma3Processor): `<start_of_image>` -> "\\n\\n<start_of_image>" + image_seq_length x
+  `<image_soft_token>` + "<end_of_image>\\n\\n"; `token_type_ids` 1 on the soft tokens (attended bidirectionally).
+- Gemma 4 (Gemma4Processor): `<|image|>` -> `<|image>` + n x `<|image|>` + `<image|>`, n the image's own soft-token
+  count (its aspect ratio and max_soft_tokens); `mm_token_type_ids` 1 on the soft tokens.
+Only the image processor is loaded (Gemma 4's full processor also needs torchvision for video).
+"""
+
+from __future__ import annotations
+
+import io
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from gemmaforge.model_spec import ModelSpec
+
+MAX_IMAGE_PIXELS = 64_000_000  # a bigger picture is refused before it is decoded (PIL's bomb check is 89M)
+
+
+def decode_image(data: bytes, where: str) -> Any:
+    """The image in `data` (any format PIL reads) as RGB; ValueError naming `where` otherwise."""
+    from PIL import Image, UnidentifiedImageError
+
+    try:
+        image = Image.open(io.BytesIO(data))
+        if image.width * image.height > MAX_IMAGE_PIXELS:
+            raise ValueError(f"{where}: the image is {image.width}x{image.height} pixels; at most "
+                             f"{MAX_IMAGE_PIXELS:,} are accepted")
+        image.load()
+    except (UnidentifiedImageError, OSError, Image.DecompressionBombError) as e:
+        raise ValueError(f"{where}: not an image PIL can read ({e})") from None
+    return image.convert("RGB")
+
+
+@dataclass(frozen=True)
+class _Expansion:
+    margin: str  # around each image's tokens (Gemma 3's "\n\n")
+    token_types: str  # the forward's argument that marks image tokens
+    per_image: str | None  # the image processor's output with each image's soft-token count; None: fixed
+
+
+_EXPANSIONS = {  # by architecture: Gemma 4 12B Unified (its own processor, torchvision only) is not here yet
+    "Gemma3ForConditionalGeneration": _Expansion("\n\n", "token_type_ids", None),
+    "Gemma4ForConditionalGeneration": _Expansion("", "mm_token_type_ids", "num_soft_tokens_per_image"),
+}
+
+
+class ImagePrompt:
+    """A multimodal checkpoint's image placeholders expanded, and its image inputs, for one prompt."""
+
+    def __init__(self, spec: ModelSpec, processor: Any, tokenizer: Any, fixed_count: int):
+        self.placeholder = spec.family.chat.image
+        self._expansion = _EXPANSIONS[spec.architecture.name]
+        self._processor, self._fixed_count = processor, fixed_count
+        self._boi, self._eoi, self._soft = tokenizer.boi_token, tokenizer.eoi_token, tokenizer.image_token
+        self.image_token_id = tokenizer.image_token_id
+
+    @classmethod
+    def load(cls, model_dir: Path, spec: ModelSpec, tokenizer: Any) -> ImagePrompt:
+        """ValueError saying why when the checkpoint cannot take images here."""
+        if "vision" not in spec.towers:
+            raise ValueError(f"{model_dir.name} has no vision tower (a text-only checkpoint)")
+        if spec.architecture.name not in _EXPANSIONS:
+            raise ValueError(f"images for {spec.architecture.kind} are not supported yet")
+        from transformers import AutoImageProcessor
+
+        try:
+            processor = AutoImageProcessor.from_pretrained(model_dir)
+        except (ImportError, OSError, ValueError) as e:
+            raise ValueError(f"its image processor does not load here: {e}") from None
+        settings = model_dir / "processor_config.json"
+        count = json.loads(settings.read_text(encoding="utf-8")).get("image_seq_length", 256) \
+            if settings.is_file() else 256  # Gemma3Processor's default
+        return cls(spec, processor, tokenizer, count)
+
+    def expand(self, prompt: str, images: list[Any]) -> tuple[str, dict[str, Any]]:
+        """`prompt` with each placeholder replaced by its image's tokens, and the images' model inputs (without
+        the token types, which depend on the ids: see token_types). ValueError when the counts differ."""
+        parts = prompt.split(self.placeholder)
+        if len(parts) - 1 != len(images):
+            raise ValueError(f"the prompt has {len(parts) - 1} image placeholder(s) ({self.placeholder}) for "
+                             f"{len(images)} image(s)")
+        inputs = dict(self._processor(images=images, return_tensors="pt"))
+        e = self._expansion
+        counts = inputs.pop(e.per_image).tolist() if e.per_image else [self._fixed_count] * len(images)
+        inputs.pop("num_crops", None)  # Gemma 3's pan-and-scan crops: off (the checkpoints' default)
+        text = parts[0]
+        for count, rest in zip(counts, parts[1:]):
+            text += f"{e.margin}{self._boi}{self._soft * int(count)}{self._eoi}{e.margin}{rest}"
+        return text, inputs
+
+    def token_types(self, ids: Any) -> dict[str, Any]:
+        """The forward's token-type argument for `ids` (B, T): 1 on image soft tokens."""
+        return {self._expansion.token_types: (ids == self.image_token_id).long()}

@@ -1,0 +1,124 @@
+"""Images through `gemmaforge serve` on real HTTP with the official `ollama` and `openai` clients: a tiny Gemma 3
+multimodal checkpoint answers an image prompt as transformers' generate does with the official processor's
+inputs (Ollama's `images` on /api/chat and /api/generate, OpenAI's `image_url` data URIs); bad images, remote URLs
+and images for a text-only model are refused with a 400 that says why."""
+
+from __future__ import annotations
+
+import base64
+import io
+
+import httpx
+import pytest
+import torch
+from PIL import Image
+
+from gemmaforge.models import default_home
+from gemmaforge.serve.registry import Registry
+from gemmaforge.serve.server import ServeOptions, background_server
+
+pytestmark = pytest.mark.integration
+ollama = pytest.importorskip("ollama")
+openai = pytest.importorskip("openai")
+
+QUESTION = "Which colour is this?"
+N = 10
+
+
+def png(colour: tuple[int, int, int]) -> bytes:
+    out = io.BytesIO()
+    Image.new("RGB", (40, 30), colour).save(out, format="PNG")
+    return out.getvalue()
+
+
+RED = png((200, 30, 30))
+
+
+@pytest.fixture(scope="module")
+def served(checkpoint_of, tiny_gemma3_dir):
+    registry = Registry(default_home())
+    registry.add(f"pic={checkpoint_of('gemma3-mm')}")
+    registry.add(f"text={tiny_gemma3_dir}")
+    with background_server(registry, ServeOptions()) as url:
+        yield url
+    registry.close()
+
+
+@pytest.fixture(scope="module")
+def expected(checkpoint_of) -> str:
+    """The answer of transformers' generate on the official processor's inputs for the prompt the official
+    Gemma 3 template renders for an image part before the question."""
+    from transformers import AutoModelForImageTextToText, AutoProcessor
+
+    folder = checkpoint_of("gemma3-mm")
+    processor = AutoProcessor.from_pretrained(folder)
+    prompt = f"<bos><start_of_turn>user\n<start_of_image>{QUESTION}<end_of_turn>\n<start_of_turn>model\n"
+    inputs = processor(text=[prompt], images=[[Image.open(io.BytesIO(RED))]], return_tensors="pt",
+                       add_special_tokens=False)
+    model = AutoModelForImageTextToText.from_pretrained(folder, dtype=torch.float32).eval()
+    stops = [processor.tokenizer.eos_token_id, processor.tokenizer.convert_tokens_to_ids("<end_of_turn>")]
+    with torch.inference_mode():
+        out = model.generate(**inputs, max_new_tokens=N, do_sample=False, eos_token_id=stops)
+    answer = processor.tokenizer.decode(out[0, inputs["input_ids"].shape[1]:], skip_special_tokens=True)
+    assert answer.strip()
+    return answer
+
+
+def test_ollama_images_answer_as_generate_does(served: str, expected: str) -> None:
+    client = ollama.Client(host=served)
+    options = {"temperature": 0, "num_predict": N}
+    chat = client.chat("pic", messages=[{"role": "user", "content": QUESTION, "images": [RED]}], options=options)
+    assert chat.message.content == expected
+    assert chat.prompt_eval_count > 4  # the picture's soft tokens are in the prompt
+    generated = client.generate("pic", QUESTION, images=[RED], options=options)
+    assert generated.response == expected and generated.prompt_eval_count == chat.prompt_eval_count
+    blind = client.chat("pic", messages=[{"role": "user", "content": QUESTION}], options=options)
+    assert blind.prompt_eval_count < chat.prompt_eval_count
+    assert client.show("pic").capabilities == ["completion", "vision"]  # as Ollama lists a model with a projector
+    assert client.show("text").capabilities == ["completion"]
+
+
+def test_openai_image_url_data_uris_answer_as_generate_does(served: str, expected: str) -> None:
+    client = openai.OpenAI(base_url=served + "/v1", api_key="unused", max_retries=0)
+    uri = "data:image/png;base64," + base64.b64encode(RED).decode()
+    content = [{"type": "image_url", "image_url": {"url": uri}}, {"type": "text", "text": QUESTION}]
+    answer = client.chat.completions.create(model="pic", messages=[{"role": "user", "content": content}],
+                                            temperature=0, max_tokens=N)
+    assert answer.choices[0].message.content == expected
+    streamed = client.chat.completions.create(model="pic", messages=[{"role": "user", "content": content}],
+                                              temperature=0, max_tokens=N, stream=True)
+    assert "".join(chunk.choices[0].delta.content or "" for chunk in streamed if chunk.choices) == expected
+
+
+@pytest.mark.parametrize(("path", "body", "message"), [
+    ("/v1/chat/completions", {"model": "pic", "messages": [{"role": "user", "content": [
+        {"type": "image_url", "image_url": {"url": "https://example.com/cat.png"}}]}]},
+     "messages[0].content[0].image_url: remote URLs are not fetched by this server"),
+    ("/v1/chat/completions", {"model": "pic", "messages": [{"role": "user", "content": [
+        {"type": "image_url", "image_url": {"url": "cat.png"}}]}]},
+     "messages[0].content[0].image_url.url: expected a data URI"),
+    ("/v1/chat/completions", {"model": "pic", "messages": [{"role": "user", "content": [
+        {"type": "input_audio", "input_audio": {}}]}]},
+     "messages[0].content[0]: expected a text or image_url part"),
+    ("/api/chat", {"model": "pic", "messages": [{"role": "user", "content": "hi", "images": ["not base64!"]}]},
+     "messages[0].images[0]: not valid base64"),
+    ("/api/chat", {"model": "pic", "messages": [{"role": "user", "content": "hi",
+                                                 "images": [base64.b64encode(b"plain text").decode()]}]},
+     "messages[0].images[0]: not an image PIL can read"),
+    ("/api/chat", {"model": "pic", "messages": [{"role": "user", "content": "hi"},
+                                                {"role": "assistant", "content": "x",
+                                                 "images": [base64.b64encode(RED).decode()]}]},
+     "messages[1].images: assistant messages carry no images"),
+    ("/api/generate", {"model": "pic", "prompt": "<start_of_turn>user\nhi<end_of_turn>\n", "raw": True,
+                       "images": [base64.b64encode(RED).decode()]},
+     "images: pic:latest takes no images here: the prompt has 0 image placeholder(s) (<start_of_image>) for 1 "
+     "image(s)"),
+    ("/api/chat", {"model": "text", "messages": [{"role": "user", "content": "hi",
+                                                  "images": [base64.b64encode(RED).decode()]}]},
+     "has no vision tower (a text-only checkpoint)"),
+])
+def test_bad_images_are_refused_with_the_reason(served: str, path: str, body: dict, message: str) -> None:
+    response = httpx.post(served + path, json={**body, "stream": False}, timeout=60)
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert message in (error["message"] if isinstance(error, dict) else error)
