@@ -22,14 +22,16 @@ class ChatFormat:
     tool_style: str  # "gemma4": its official tool tokens; "default": LLaMA-Factory's (tool_text.py)
     thinking: bool  # has a thought channel (`think`)
     image: str  # what the official template writes for an image (vision.py expands it)
+    image_margin: str  # what Gemma's processor writes on each side of an image's tokens
     # special tokens an answer may contain that carry its structure (thoughts, tool calls): decoded, not skipped
     markers: tuple[str, ...] = ()
 
 
 GEMMA_TURNS = ChatFormat("<start_of_turn>", "<end_of_turn>", system_turn=False, system_separator="\n\n",
-                         tool_style="default", thinking=False, image="<start_of_image>")
+                         tool_style="default", thinking=False, image="<start_of_image>",
+                         image_margin="\n\n")
 GEMMA4_TURNS = ChatFormat("<|turn>", "<turn|>", system_turn=True, system_separator="", tool_style="gemma4",
-                          thinking=True, image="<|image|>",
+                          thinking=True, image="<|image|>", image_margin="",
                           markers=("<|channel>", "<channel|>", "<|tool_call>", "<tool_call|>", '<|"|>'))
 
 

@@ -40,14 +40,13 @@ def decode_image(data: bytes, where: str) -> Any:
 
 @dataclass(frozen=True)
 class _Expansion:
-    margin: str  # around each image's tokens (Gemma 3's "\n\n")
     token_types: str  # the forward's argument that marks image tokens
     per_image: str | None  # the image processor's output with each image's soft-token count; None: fixed
 
 
 _EXPANSIONS = {  # by architecture: Gemma 4 12B Unified (its own processor, torchvision only) is not here yet
-    "Gemma3ForConditionalGeneration": _Expansion("\n\n", "token_type_ids", None),
-    "Gemma4ForConditionalGeneration": _Expansion("", "mm_token_type_ids", "num_soft_tokens_per_image"),
+    "Gemma3ForConditionalGeneration": _Expansion("token_type_ids", None),
+    "Gemma4ForConditionalGeneration": _Expansion("mm_token_type_ids", "num_soft_tokens_per_image"),
 }
 
 
@@ -55,7 +54,7 @@ class ImagePrompt:
     """A multimodal checkpoint's image placeholders expanded, and its image inputs, for one prompt."""
 
     def __init__(self, spec: ModelSpec, processor: Any, tokenizer: Any, fixed_count: int):
-        self.placeholder = spec.family.chat.image
+        self.placeholder, self._margin = spec.family.chat.image, spec.family.chat.image_margin
         self._expansion = _EXPANSIONS[spec.architecture.name]
         self._processor, self._fixed_count = processor, fixed_count
         self._boi, self._eoi, self._soft = tokenizer.boi_token, tokenizer.eoi_token, tokenizer.image_token
@@ -92,7 +91,7 @@ class ImagePrompt:
         inputs.pop("num_crops", None)  # Gemma 3's pan-and-scan crops: off (the checkpoints' default)
         text = parts[0]
         for count, rest in zip(counts, parts[1:]):
-            text += f"{e.margin}{self._boi}{self._soft * int(count)}{self._eoi}{e.margin}{rest}"
+            text += f"{self._margin}{self._boi}{self._soft * int(count)}{self._eoi}{self._margin}{rest}"
         return text, inputs
 
     def token_types(self, ids: Any) -> dict[str, Any]:

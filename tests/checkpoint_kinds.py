@@ -472,7 +472,8 @@ def _generation_config(kind: str, config, target: Path) -> None:
 def _randomize_trained_constants(model) -> None:
     """Give random values to what real checkpoints hold as trained numbers but transformers initialises to a
     constant: layer_scalar (1), router scale / per_expert_scale (1), clip bounds (+-inf), std_bias / std_scale
-    (0 / 1). The clip bounds (2 to 4 in magnitude) are a guess: the real ones are per-layer activation ranges."""
+    (0 / 1), Gemma 3's image projection (0: every picture would give the same soft tokens). The clip bounds (2 to 4
+    in magnitude) are a guess: the real ones are per-layer activation ranges."""
     import torch
 
     with torch.no_grad():
@@ -490,6 +491,8 @@ def _randomize_trained_constants(model) -> None:
         for name, param in model.named_parameters():
             if name.endswith(("router.scale", "router.per_expert_scale")):
                 param.uniform_(0.5, 1.5)
+            elif name.endswith("mm_input_projection_weight"):  # (vision width, text width), as nn.Linear would draw
+                param.normal_(0.0, param.shape[0] ** -0.5)
 
 
 def _hub_layout(kind: str, model, target: Path) -> None:

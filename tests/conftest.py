@@ -94,3 +94,19 @@ def text_gguf_of(checkpoint_of, tmp_path_factory: pytest.TempPathFactory):
         return written[kind]
 
     return write
+
+
+@pytest.fixture(scope="session")
+def mmproj_of(checkpoint_of, tmp_path_factory: pytest.TempPathFactory):
+    """kind -> our mmproj-f16.gguf of that kind's tiny checkpoint, written once a session."""
+    from gemmaforge.export.gguf_mmproj import write_mmproj
+
+    out = tmp_path_factory.mktemp("mmproj")
+    written: dict[str, Path] = {}
+
+    def write(kind: str) -> Path:
+        if kind not in written:
+            written[kind] = write_mmproj(checkpoint_of(kind), out / f"{kind}-mmproj-f16.gguf")
+        return written[kind]
+
+    return write

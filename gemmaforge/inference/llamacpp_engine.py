@@ -15,18 +15,23 @@ from typing import Any
 
 from gemmaforge.families import Family
 from gemmaforge.inference.jobs import Answer, Finished, Job, QueueFull, TextStream, decode_with_markers
+from gemmaforge.inference.llamacpp_images import Projector
 
 
 class LlamaCppEngine:
     kind = "llamacpp"
-    vision = None  # images: not yet (see encode_images)
     device = "cpu"  # no layers are offloaded to a GPU
 
     def __init__(self, gguf: Path, family: Family, *, num_ctx: int = 4096, max_queue: int = 64,
-                 files: list[Path] | None = None):
+                 files: list[Path] | None = None, mmproj: Path | None = None):
         import llama_cpp
 
         self.llm = llama_cpp.Llama(model_path=str(gguf), n_ctx=num_ctx, n_threads=os.cpu_count(), verbose=False)
+        try:
+            self.vision = Projector(mmproj, self.llm, family) if mmproj else None  # images: through the projector
+        except ValueError:
+            self.llm.close()
+            raise
         self.family, self.num_ctx, self.path = family, num_ctx, gguf
         self.files = files or [gguf]  # every shard of a split file (llama.cpp opens the first)
         self.stops = {self.llm.token_eos(), *(self.encode(s)[0] for s in family.stop)}
@@ -45,8 +50,15 @@ class LlamaCppEngine:
         return self.llm.tokenize(text.encode(), add_bos=False, special=True)
 
     def encode_images(self, text: str, images: list[Any]) -> tuple[list[int], dict[str, Any]]:
-        raise ValueError("the llama.cpp engine takes no images yet; serve the run or its merged folder with "
-                         "--engine transformers")
+        if self.vision is None:
+            raise ValueError(f"no projector (mmproj*.gguf) beside {self.path.name}: llama.cpp reads images with the "
+                             "projector that `gemmaforge export gguf` writes for a multimodal model")
+        placeholders = text.count(self.family.chat.image)
+        if placeholders != len(images):
+            raise ValueError(f"the prompt has {placeholders} image placeholder(s) ({self.family.chat.image}) for "
+                             f"{len(images)} image(s)")
+        inputs = self.vision.inputs(text, images)
+        return self.vision.prompt_ids(inputs), inputs
 
     def _decode(self, ids: list[int]) -> str:
         return decode_with_markers(ids, self.markers,
@@ -103,6 +115,8 @@ class LlamaCppEngine:
                 job.fail("the model was unloaded")
         self._jobs.put(None)
         self._thread.join(timeout=30)
+        if self.vision is not None:
+            self.vision.close()
         self.llm.close()
         with self._embed_lock:
             if self._embedder is not None:
@@ -148,8 +162,18 @@ class LlamaCppEngine:
         self.llm.last_n_tokens_size = params.repeat_last_n if params.repeat_last_n >= 0 else self.num_ctx
         stream = TextStream(self._decode, params.stop)
         answer = Answer(job, stream, self.num_ctx)
+        try:
+            self._generate(job, answer)
+        finally:
+            if job.images:  # its image positions must never match a later prompt's: that one starts afresh
+                self.llm.reset()
+
+    def _generate(self, job: Job, answer: Answer) -> None:
+        params = job.params
+        # an image prompt is evaluated here, then continued from the state llama.cpp holds (a full prefix hit)
+        prompt = self.vision.evaluate(self.llm, job.images) if job.images and self.vision else job.prompt_ids
         tokens = self.llm.generate(
-            job.prompt_ids, top_k=params.top_k if params.temperature > 0 else 1, top_p=params.top_p,
+            prompt, top_k=params.top_k if params.temperature > 0 else 1, top_p=params.top_p,
             min_p=params.min_p, temp=params.temperature, repeat_penalty=params.repeat_penalty, reset=True,
             grammar=self._grammar(params.grammar),
         )

@@ -28,20 +28,6 @@ KINDS = {"gemma3-mm": ("vision",), "gemma4-e2b": ("vision", "audio"), "gemma4-mo
          "gemma4-dense": ("vision",), "gemma4-unified": ("vision", "audio")}
 
 
-@pytest.fixture(scope="module")
-def mmproj_of(checkpoint_of, tmp_path_factory: pytest.TempPathFactory):
-    """kind -> our mmproj-f16.gguf of that kind's tiny checkpoint, written once a module."""
-    out = tmp_path_factory.mktemp("mmproj")
-    written: dict[str, Path] = {}
-
-    def write(kind: str) -> Path:
-        if kind not in written:
-            written[kind] = write_mmproj(checkpoint_of(kind), out / f"{kind}-mmproj-f16.gguf")
-        return written[kind]
-
-    return write
-
-
 def reference_mmproj(converter: Path, checkpoint: Path, out: Path, *extra: str) -> Path:  # noqa: F811
     run_converter(converter, "convert_hf_to_gguf.py", str(checkpoint), "--mmproj", "--outtype", "f16", "--outfile",
                   str(out), *extra)

@@ -1,14 +1,17 @@
 """Images through `gemmaforge serve` on real HTTP with the official `ollama` and `openai` clients: a tiny Gemma 3
 multimodal checkpoint answers an image prompt as transformers' generate does with the official processor's
-inputs (Ollama's `images` on /api/chat and /api/generate, OpenAI's `image_url` data URIs); bad images, remote URLs
-and images for a text-only model are refused with a 400 that says why."""
+inputs (Ollama's `images` on /api/chat and /api/generate, OpenAI's `image_url` data URIs), and its GGUF export
+with the projector beside it answers on the llama.cpp engine as the transformers engine does; bad images, remote
+URLs and images for a text-only model or a GGUF without projector are refused with a 400 that says why."""
 
 from __future__ import annotations
 
 import base64
 import io
+import shutil
 
 import httpx
+import numpy as np
 import pytest
 import torch
 from PIL import Image
@@ -35,9 +38,17 @@ RED = png((200, 30, 30))
 
 
 @pytest.fixture(scope="module")
-def served(checkpoint_of, tiny_gemma3_dir):
+def served(checkpoint_of, tiny_gemma3_dir, text_gguf_of, mmproj_of, tmp_path_factory: pytest.TempPathFactory):
+    """The tiny Gemma 3 multimodal checkpoint on both engines (its f16 GGUF with the projector beside it, as `export
+    gguf` writes them), the GGUF alone, and a text-only checkpoint."""
+    exported, alone = tmp_path_factory.mktemp("gguf"), tmp_path_factory.mktemp("gguf-alone")
+    (exported / "model-f16.gguf").symlink_to(text_gguf_of("gemma3-mm"))
+    (exported / "mmproj-f16.gguf").symlink_to(mmproj_of("gemma3-mm"))
+    shutil.copy(text_gguf_of("gemma3-mm"), alone / "model-f16.gguf")  # its own file: engines are shared by file
     registry = Registry(default_home())
     registry.add(f"pic={checkpoint_of('gemma3-mm')}")
+    registry.add(f"picgguf={exported / 'model-f16.gguf'}")
+    registry.add(f"gguf={alone / 'model-f16.gguf'}")
     registry.add(f"text={tiny_gemma3_dir}")
     with background_server(registry, ServeOptions()) as url:
         yield url
@@ -90,6 +101,72 @@ def test_openai_image_url_data_uris_answer_as_generate_does(served: str, expecte
     assert "".join(chunk.choices[0].delta.content or "" for chunk in streamed if chunk.choices) == expected
 
 
+def test_llama_cpp_with_the_projector_answers_as_the_transformers_engine(served: str) -> None:
+    """Pictures of the tower's own size, so both engines see the same pixels; the GGUF's f16 weights are the only
+    difference (the logits agree to ~1e-3, below; a random model's flat logits part its greedy answers at near
+    ties within a few tokens, so the first two are compared)."""
+    client = ollama.Client(host=served)
+    options = {"temperature": 0, "num_predict": 2}
+    for seed in (1, 2):
+        picture = io.BytesIO()
+        noise(seed).save(picture, "PNG")
+        messages = [{"role": "user", "content": QUESTION, "images": [picture.getvalue()]}]
+        want = client.chat("pic", messages=messages, options=options)
+        got = client.chat("picgguf", messages=messages, options=options)
+        assert got.message.content == want.message.content and got.prompt_eval_count == want.prompt_eval_count
+    assert client.show("picgguf").capabilities == ["completion", "vision"]
+
+
+def noise(seed: int) -> Image.Image:
+    """A picture of the tiny tower's own size (32 x 32), which neither llama.cpp nor the processor resizes."""
+    return Image.fromarray(np.random.default_rng(seed).integers(0, 256, (32, 32, 3), dtype=np.uint8))
+
+
+def test_llama_cpp_reads_pictures_as_transformers_does(checkpoint_of, text_gguf_of, mmproj_of) -> None:
+    """The next-token logits after an image prompt, llama.cpp (f16 text GGUF, our projector) against transformers
+    on the official processor's inputs: close for each picture, while two pictures are far apart (the tiny model's
+    greedy answers barely depend on the picture, its logits do), and a picture read again after another gives
+    what it gave the first time (nothing of a request stays for the next)."""
+    import llama_cpp
+    from transformers import AutoModelForImageTextToText, AutoProcessor
+
+    from gemmaforge.families import FAMILIES
+    from gemmaforge.inference.llamacpp_images import Projector
+
+    folder = checkpoint_of("gemma3-mm")
+    processor = AutoProcessor.from_pretrained(folder)
+    model = AutoModelForImageTextToText.from_pretrained(folder, dtype=torch.float32).eval()
+    prompt = f"<bos><start_of_turn>user\n<start_of_image>{QUESTION}<end_of_turn>\n<start_of_turn>model\n"
+    llm = llama_cpp.Llama(model_path=str(text_gguf_of("gemma3-mm")), n_ctx=256, n_threads=2, verbose=False)
+    projector = Projector(mmproj_of("gemma3-mm"), llm, FAMILIES["gemma3"])
+
+    def theirs(picture: Image.Image) -> tuple[np.ndarray, int]:
+        inputs = processor(text=[prompt], images=[[picture]], return_tensors="pt", add_special_tokens=False)
+        with torch.inference_mode():
+            return model(**inputs).logits[0, -1].numpy(), inputs["input_ids"].shape[1]
+
+    def ours(picture: Image.Image) -> tuple[np.ndarray, int]:
+        inputs = projector.inputs(prompt, [picture])
+        ids = projector.prompt_ids(inputs)
+        assert projector.evaluate(llm, inputs)[:len(ids)] != [] and llm.n_tokens == len(ids)
+        logits = np.ctypeslib.as_array(llm._ctx.get_logits(), shape=(llm.n_vocab(),)).copy()
+        return logits, len(ids)
+
+    def apart(x: np.ndarray, y: np.ndarray) -> float:
+        return float(np.linalg.norm(x - y) / np.linalg.norm(y))
+
+    try:
+        (a, n_a), (b, _), (a_again, _) = ours(noise(1)), ours(noise(2)), ours(noise(1))
+    finally:
+        projector.close()
+        llm.close()
+    (want_a, n_want), (want_b, _) = theirs(noise(1)), theirs(noise(2))
+    errors, pictures = (apart(a, want_a), apart(b, want_b)), apart(want_b, want_a)
+    print(f"llama.cpp vs transformers: {errors[0]:.1e}, {errors[1]:.1e}; one picture vs the other: {pictures:.1e}")
+    assert n_a == n_want and np.array_equal(a, a_again)
+    assert max(errors) < 3e-3 and pictures > 100 * max(errors)  # measured 9.6e-4 and 1.8e-3; 0.53
+
+
 @pytest.mark.parametrize(("path", "body", "message"), [
     ("/v1/chat/completions", {"model": "pic", "messages": [{"role": "user", "content": [
         {"type": "image_url", "image_url": {"url": "https://example.com/cat.png"}}]}]},
@@ -116,6 +193,9 @@ def test_openai_image_url_data_uris_answer_as_generate_does(served: str, expecte
     ("/api/chat", {"model": "text", "messages": [{"role": "user", "content": "hi",
                                                   "images": [base64.b64encode(RED).decode()]}]},
      "has no vision tower (a text-only checkpoint)"),
+    ("/api/chat", {"model": "gguf", "messages": [{"role": "user", "content": "hi",
+                                                  "images": [base64.b64encode(RED).decode()]}]},
+     "images: gguf:latest takes no images here: no projector (mmproj*.gguf) beside model-f16.gguf"),
 ])
 def test_bad_images_are_refused_with_the_reason(served: str, path: str, body: dict, message: str) -> None:
     response = httpx.post(served + path, json={**body, "stream": False}, timeout=60)
