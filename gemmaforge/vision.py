@@ -20,21 +20,30 @@ from typing import Any
 
 from gemmaforge.model_spec import ModelSpec
 
-MAX_IMAGE_PIXELS = 64_000_000  # a bigger picture is refused before it is decoded (PIL's bomb check is 89M)
+MAX_IMAGE_PIXELS = 64_000_000  # a request's pictures together, checked before decoding (PIL's bomb check is 89M)
 
 
-def decode_image(data: bytes, where: str) -> Any:
-    """The image in `data` (any format PIL reads) as RGB; ValueError naming `where` otherwise."""
-    from PIL import Image, UnidentifiedImageError
+def decode_image(data: bytes, where: str, max_pixels: int = MAX_IMAGE_PIXELS) -> Any:
+    """The image in `data` (any format PIL reads) as RGB, transparency laid on white as the processors'
+    convert_to_rgb does; ValueError naming `where` for what is not an image or has more than `max_pixels`."""
+    from PIL import Image
 
     try:
-        image = Image.open(io.BytesIO(data))
-        if image.width * image.height > MAX_IMAGE_PIXELS:
-            raise ValueError(f"{where}: the image is {image.width}x{image.height} pixels; at most "
-                             f"{MAX_IMAGE_PIXELS:,} are accepted")
-        image.load()
-    except (UnidentifiedImageError, OSError, Image.DecompressionBombError) as e:
+        image = Image.open(io.BytesIO(data))  # reads the header only: the size is known before the pixels
+    except Exception as e:  # noqa: BLE001  (PIL raises many kinds for many formats)
         raise ValueError(f"{where}: not an image PIL can read ({e})") from None
+    if image.width * image.height > max_pixels:
+        left = f" (what is left of the {MAX_IMAGE_PIXELS:,} a request's images may hold)" \
+            if max_pixels < MAX_IMAGE_PIXELS else ""
+        raise ValueError(f"{where}: the image is {image.width}x{image.height} pixels, more than the {max_pixels:,} "
+                         f"accepted{left}")
+    try:
+        image.load()
+    except Exception as e:  # noqa: BLE001
+        raise ValueError(f"{where}: not an image PIL can read ({e})") from None
+    if "A" in image.getbands() or image.info.get("transparency") is not None:
+        white = Image.new("RGBA", image.size, (255, 255, 255, 255))
+        return Image.alpha_composite(white, image.convert("RGBA")).convert("RGB")
     return image.convert("RGB")
 
 
@@ -42,10 +51,11 @@ def decode_image(data: bytes, where: str) -> Any:
 class _Expansion:
     token_types: str  # the forward's argument that marks image tokens
     per_image: str | None  # the image processor's output with each image's soft-token count; None: fixed
+    settings: tuple[tuple[str, Any], ...] = ()  # what the full processor passes its image processor
 
 
 _EXPANSIONS = {  # by architecture: Gemma 4 12B Unified (its own processor, torchvision only) is not here yet
-    "Gemma3ForConditionalGeneration": _Expansion("token_type_ids", None),
+    "Gemma3ForConditionalGeneration": _Expansion("token_type_ids", None, (("do_pan_and_scan", False),)),
     "Gemma4ForConditionalGeneration": _Expansion("mm_token_type_ids", "num_soft_tokens_per_image"),
 }
 
@@ -85,10 +95,12 @@ class ImagePrompt:
         if len(parts) - 1 != len(images):
             raise ValueError(f"the prompt has {len(parts) - 1} image placeholder(s) ({self.placeholder}) for "
                              f"{len(images)} image(s)")
-        inputs = dict(self._processor(images=images, return_tensors="pt"))
+        if self._soft != self.placeholder and self._soft in prompt:  # its features would not line up with them
+            raise ValueError(f"the prompt holds image tokens ({self._soft}) of its own")
         e = self._expansion
+        inputs = dict(self._processor(images=images, return_tensors="pt", **dict(e.settings)))
         counts = inputs.pop(e.per_image).tolist() if e.per_image else [self._fixed_count] * len(images)
-        inputs.pop("num_crops", None)  # Gemma 3's pan-and-scan crops: off (the checkpoints' default)
+        inputs.pop("num_crops", None)  # Gemma 3's pan-and-scan crops: off, as Gemma3Processor sets it
         text = parts[0]
         for count, rest in zip(counts, parts[1:]):
             text += f"{self._margin}{self._boi}{self._soft * int(count)}{self._eoi}{self._margin}{rest}"

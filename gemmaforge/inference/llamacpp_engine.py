@@ -23,15 +23,18 @@ class LlamaCppEngine:
     device = "cpu"  # no layers are offloaded to a GPU
 
     def __init__(self, gguf: Path, family: Family, *, num_ctx: int = 4096, max_queue: int = 64,
-                 files: list[Path] | None = None, mmproj: Path | None = None):
+                 files: list[Path] | None = None, mmproj: Path | None = None, no_vision: str | None = None):
         import llama_cpp
 
         self.llm = llama_cpp.Llama(model_path=str(gguf), n_ctx=num_ctx, n_threads=os.cpu_count(), verbose=False)
-        try:
-            self.vision = Projector(mmproj, self.llm, family) if mmproj else None  # images: through the projector
-        except ValueError:
-            self.llm.close()
-            raise
+        self.vision: Projector | None = None  # images: through the projector beside the file
+        self.no_vision = no_vision or (f"no projector (mmproj*.gguf) beside {gguf.name}: llama.cpp reads images "
+                                       "with the projector that `gemmaforge export gguf` writes for a multimodal model")
+        if mmproj is not None:
+            try:
+                self.vision = Projector(mmproj, self.llm, family)
+            except ValueError as e:  # the text model still serves
+                self.no_vision = str(e)
         self.family, self.num_ctx, self.path = family, num_ctx, gguf
         self.files = files or [gguf]  # every shard of a split file (llama.cpp opens the first)
         self.stops = {self.llm.token_eos(), *(self.encode(s)[0] for s in family.stop)}
@@ -51,8 +54,7 @@ class LlamaCppEngine:
 
     def encode_images(self, text: str, images: list[Any]) -> tuple[list[int], dict[str, Any]]:
         if self.vision is None:
-            raise ValueError(f"no projector (mmproj*.gguf) beside {self.path.name}: llama.cpp reads images with the "
-                             "projector that `gemmaforge export gguf` writes for a multimodal model")
+            raise ValueError(self.no_vision)
         placeholders = text.count(self.family.chat.image)
         if placeholders != len(images):
             raise ValueError(f"the prompt has {placeholders} image placeholder(s) ({self.family.chat.image}) for "

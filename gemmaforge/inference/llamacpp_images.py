@@ -80,17 +80,20 @@ class Projector:
         return llm.input_ids[:llm.n_tokens].tolist()
 
     def close(self) -> None:
-        with self._lock:
+        with self._lock:  # a request thread may be tokenizing: it finishes first, and later ones are refused
             self._mtmd.mtmd_free(self._ctx)
+            self._ctx = None
 
     @contextmanager
     def _chunks(self, inputs: dict[str, Any]) -> Iterator[list[Any]]:
         mtmd = self._mtmd
         with self._lock:
-            bitmaps = [mtmd.mtmd_bitmap_init(w, h, (ctypes.c_uint8 * len(rgb)).from_buffer_copy(rgb))
-                       for w, h, rgb in inputs["pixels"]]
-            chunks = mtmd.mtmd_input_chunks_init()
+            if self._ctx is None:
+                raise ValueError("the model was unloaded")
+            chunks, bitmaps = mtmd.mtmd_input_chunks_init(), []
             try:
+                for w, h, rgb in inputs["pixels"]:
+                    bitmaps.append(mtmd.mtmd_bitmap_init(w, h, (ctypes.c_uint8 * len(rgb)).from_buffer_copy(rgb)))
                 encoded = inputs["text"].encode()
                 text = mtmd.mtmd_input_text(encoded, len(encoded), False, True)  # no <bos> added; specials parsed
                 array = (mtmd.mtmd_bitmap_p_ctypes * len(bitmaps))(*bitmaps)

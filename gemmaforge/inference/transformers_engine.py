@@ -287,7 +287,8 @@ class TransformersEngine:
                     groups.append((adapter, group))
                     group = []
                 group.append(job)
-            groups.append((adapter, group))
+            if group:
+                groups.append((adapter, group))
         return groups
 
     def _prefill(self, adapter: str | None, jobs: list[Job]) -> None:

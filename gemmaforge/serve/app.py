@@ -190,8 +190,8 @@ def create_app(registry: Registry, *, api_key: str | None = None, max_tokens: in
         generates it, the dialect renders the events, streamed or whole."""
         data = await body(request)
         served, keep = await ready(data)
-        try:
-            completion = dialect.parse(data, served, chat)
+        try:  # images are decoded while parsing: off the event loop
+            completion = await asyncio.to_thread(dialect.parse, data, served, chat)
             if isinstance(completion, dict):  # a request that only loads the model, or with keep_alive 0 unloads it
                 registry.keep(served.name)
                 return JSONResponse({**completion, "done_reason": "unload"} if keep == 0 else completion)
@@ -206,11 +206,11 @@ def create_app(registry: Registry, *, api_key: str | None = None, max_tokens: in
                     ids, images = await asyncio.to_thread(served.engine.encode_images, completion.prompt,
                                                           list(completion.images))
                 except ValueError as e:
-                    raise p.bad(f"images: {served.name} takes no images here: {e}") from None
+                    raise p.bad(f"images: {served.name}: {e}") from None
             else:
                 ids = served.engine.encode(completion.prompt)
             params = p.sampling_params(completion, limits, len(ids), registry.num_ctx)
-        except ApiError:  # refused before it reached the engine: the model is no longer held for it
+        except Exception:  # refused (or failed) before it reached the engine: the model is no longer held for it
             registry.keep(served.name)
             raise
         stream = events(served, Job(ids, params, served.adapter, asyncio.get_running_loop(), completion.stream,

@@ -21,7 +21,7 @@ from gemmaforge.inference.jobs import Event, Finished, Params
 from gemmaforge.serve.registry import Served
 from gemmaforge.templates import BOS, THOUGHT_OPEN, Message, ollama_prompt
 from gemmaforge.tool_text import Tool, normalize_call, normalize_tool
-from gemmaforge.vision import decode_image
+from gemmaforge.vision import MAX_IMAGE_PIXELS, decode_image
 
 # Ollama's own defaults, which Params carries
 OLLAMA_DEFAULTS = {f.name: f.default for f in dataclasses.fields(Params)
@@ -158,24 +158,33 @@ def model_name(data: dict[str, Any]) -> str:
     return name
 
 
-def image(text: Any, where: str) -> Any:
-    """An image sent as base64 (Ollama's `images`; a data URI's prefix is accepted too), decoded."""
-    if not isinstance(text, str):
-        raise bad(f"{where}: expected a base64-encoded image")
-    head, sep, payload = text.partition(",")
-    if sep and head.startswith("data:"):
-        text = payload
-    try:
-        data = base64.b64decode(text, validate=True)
-    except (binascii.Error, ValueError):
-        raise bad(f"{where}: not valid base64") from None
-    try:
-        return decode_image(data, where)
-    except ValueError as e:
-        raise bad(str(e)) from None
+class Pictures:
+    """A request's images, decoded one by one within what they may hold together (MAX_IMAGE_PIXELS)."""
+
+    def __init__(self) -> None:
+        self.left = MAX_IMAGE_PIXELS
+
+    def decode(self, text: Any, where: str) -> Any:
+        """An image sent as base64 (Ollama's `images`; a data URI's prefix is accepted too; line breaks are
+        skipped, as Go's decoder skips them)."""
+        if not isinstance(text, str):
+            raise bad(f"{where}: expected a base64-encoded image")
+        head, sep, payload = text.partition(",")
+        if sep and head.startswith("data:"):
+            text = payload
+        try:
+            data = base64.b64decode(text.replace("\r", "").replace("\n", ""), validate=True)
+        except (binascii.Error, ValueError):
+            raise bad(f"{where}: not valid base64") from None
+        try:
+            image = decode_image(data, where, self.left)
+        except ValueError as e:
+            raise bad(str(e)) from None
+        self.left -= image.width * image.height
+        return image
 
 
-def image_url(part: dict[str, Any], where: str) -> Any:
+def image_url(part: dict[str, Any], where: str, pictures: Pictures) -> Any:
     """An OpenAI `image_url` content part's image: a data URI (remote URLs are refused, never fetched)."""
     url = part.get("image_url")
     url = url.get("url") if isinstance(url, dict) else url
@@ -186,10 +195,11 @@ def image_url(part: dict[str, Any], where: str) -> Any:
                   "URI (data:image/png;base64,...)")
     if not (url.startswith("data:") and url.partition(",")[0].endswith(";base64")):
         raise bad(f"{where}image_url.url: expected a data URI (data:image/png;base64,...)")
-    return image(url, f"{where}image_url")
+    return pictures.decode(url, f"{where}image_url")
 
 
-def _content(m: dict[str, Any], where: str, openai: bool, placeholder: str) -> tuple[str, list[Any]]:
+def _content(m: dict[str, Any], where: str, openai: bool, placeholder: str,
+             pictures: Pictures) -> tuple[str, list[Any]]:
     """A message's text, with `placeholder` where each of its images goes, and the images: OpenAI's content parts
     in their order; Ollama's `images` before the text, as Ollama places them."""
     content = m.get("content")
@@ -201,7 +211,7 @@ def _content(m: dict[str, Any], where: str, openai: bool, placeholder: str) -> t
             if kind == "text" and isinstance(part.get("text"), str):
                 texts.append(part["text"])
             elif kind == "image_url":
-                images.append(image_url(part, f"{where}content[{j}]."))
+                images.append(image_url(part, f"{where}content[{j}].", pictures))
                 texts.append(placeholder)
             else:
                 raise bad(f"{where}content[{j}]: expected a text or image_url part")
@@ -211,7 +221,7 @@ def _content(m: dict[str, Any], where: str, openai: bool, placeholder: str) -> t
     elif not isinstance(content, str):
         raise bad(f"{where}content: expected string, got {type(content).__name__}")
     sent = field(m, "images", list, [], where)
-    images += [image(data, f"{where}images[{j}]") for j, data in enumerate(sent)]
+    images += [pictures.decode(data, f"{where}images[{j}]") for j, data in enumerate(sent)]
     return placeholder * len(sent) + content, images
 
 
@@ -228,6 +238,7 @@ def messages_of(data: dict[str, Any], placeholder: str, openai: bool = False) ->
     if not messages:
         raise bad("messages: at least one message is required")
     out = []
+    pictures = Pictures()
     for i, m in enumerate(messages):
         where = f"messages[{i}]."
         if not isinstance(m, dict):
@@ -236,7 +247,7 @@ def messages_of(data: dict[str, Any], placeholder: str, openai: bool = False) ->
         role = "system" if openai and role == "developer" else role
         if role not in _ROLES:
             raise bad(f"{where}role: {role!r} is not supported; expected one of {', '.join(_ROLES)}")
-        content, images = _content(m, where, openai, placeholder)
+        content, images = _content(m, where, openai, placeholder, pictures)
         if images and role not in _IMAGE_ROLES:
             raise bad(f"{where}images: {role} messages carry no images; send them in a user message")
         message: Message = {"role": role, "content": content, "images": images}
@@ -293,7 +304,8 @@ def generate_prompt(served: Served, data: dict[str, Any], think: bool = False) -
     or as is with `raw` (which then holds an image placeholder for each image); and the decoded images."""
     prompt = field(data, "prompt", str, "")
     system = field(data, "system", str)
-    images = tuple(image(data, f"images[{j}]") for j, data in enumerate(field(data, "images", list, [])))
+    pictures = Pictures()
+    images = tuple(pictures.decode(data, f"images[{j}]") for j, data in enumerate(field(data, "images", list, [])))
     if field(data, "raw", bool, False):
         if system or data.get("template") or data.get("context"):
             raise bad("raw mode does not support template, system, or context")

@@ -190,18 +190,11 @@ class Registry:
             raise UserError(f"{path}: GGUF file not found")
         family = _gguf_family(path)
         projectors = sorted(path.parent.glob("mmproj*.gguf"))  # as `export gguf` writes it beside a multimodal model
-        if len(projectors) > 1:
-            raise UserError(f"{path.parent}: {len(projectors)} projector files (mmproj*.gguf); keep the one that "
-                            "belongs to this model")
-
-        def load() -> LlamaCppEngine:
-            try:
-                return LlamaCppEngine(path, family, num_ctx=self.num_ctx, max_queue=self.max_queue,
-                                      files=shard_set(path), mmproj=projectors[0] if projectors else None)
-            except ValueError as e:
-                raise UserError(str(e)) from None
-
-        engine = self._engine(path.resolve(), load)
+        several = (f"{len(projectors)} projector files (mmproj*.gguf) beside {path.name}: keep the one that belongs "
+                   "to it") if len(projectors) > 1 else None
+        engine = self._engine(path.resolve(), lambda: LlamaCppEngine(
+            path, family, num_ctx=self.num_ctx, max_queue=self.max_queue, files=shard_set(path),
+            mmproj=projectors[0] if len(projectors) == 1 else None, no_vision=several))
         return self._register(Served(name, engine, None, family, source or path))
 
     def _transformers_engine(self, base: ResolvedModel, reference: str) -> TransformersEngine:

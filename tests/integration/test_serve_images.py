@@ -41,14 +41,18 @@ RED = png((200, 30, 30))
 def served(checkpoint_of, tiny_gemma3_dir, text_gguf_of, mmproj_of, tmp_path_factory: pytest.TempPathFactory):
     """The tiny Gemma 3 multimodal checkpoint on both engines (its f16 GGUF with the projector beside it, as `export
     gguf` writes them), the GGUF alone, and a text-only checkpoint."""
-    exported, alone = tmp_path_factory.mktemp("gguf"), tmp_path_factory.mktemp("gguf-alone")
+    exported, alone, two = (tmp_path_factory.mktemp(name) for name in ("gguf", "gguf-alone", "gguf-two"))
     (exported / "model-f16.gguf").symlink_to(text_gguf_of("gemma3-mm"))
     (exported / "mmproj-f16.gguf").symlink_to(mmproj_of("gemma3-mm"))
     shutil.copy(text_gguf_of("gemma3-mm"), alone / "model-f16.gguf")  # its own file: engines are shared by file
+    shutil.copy(text_gguf_of("gemma3-mm"), two / "model-f16.gguf")
+    for name in ("mmproj-f16.gguf", "mmproj-model-f32.gguf"):  # which one? not guessed
+        (two / name).symlink_to(mmproj_of("gemma3-mm"))
     registry = Registry(default_home())
     registry.add(f"pic={checkpoint_of('gemma3-mm')}")
     registry.add(f"picgguf={exported / 'model-f16.gguf'}")
     registry.add(f"gguf={alone / 'model-f16.gguf'}")
+    registry.add(f"two={two / 'model-f16.gguf'}")
     registry.add(f"text={tiny_gemma3_dir}")
     with background_server(registry, ServeOptions()) as url:
         yield url
@@ -115,6 +119,10 @@ def test_llama_cpp_with_the_projector_answers_as_the_transformers_engine(served:
         got = client.chat("picgguf", messages=messages, options=options)
         assert got.message.content == want.message.content and got.prompt_eval_count == want.prompt_eval_count
     assert client.show("picgguf").capabilities == ["completion", "vision"]
+    text = [{"role": "user", "content": QUESTION}]  # after the pictures, as from a file that never saw one
+    options["num_predict"] = N
+    assert client.chat("picgguf", messages=text, options=options).message.content == \
+        client.chat("gguf", messages=text, options=options).message.content
 
 
 def noise(seed: int) -> Image.Image:
@@ -167,6 +175,10 @@ def test_llama_cpp_reads_pictures_as_transformers_does(checkpoint_of, text_gguf_
     assert max(errors) < 3e-3 and pictures > 100 * max(errors)  # measured 9.6e-4 and 1.8e-3; 0.53
 
 
+def red_chat(model: str, text: str = "hi") -> dict:
+    return {"model": model, "messages": [{"role": "user", "content": text, "images": [base64.b64encode(RED).decode()]}]}
+
+
 @pytest.mark.parametrize(("path", "body", "message"), [
     ("/v1/chat/completions", {"model": "pic", "messages": [{"role": "user", "content": [
         {"type": "image_url", "image_url": {"url": "https://example.com/cat.png"}}]}]},
@@ -188,14 +200,13 @@ def test_llama_cpp_reads_pictures_as_transformers_does(checkpoint_of, text_gguf_
      "messages[1].images: assistant messages carry no images"),
     ("/api/generate", {"model": "pic", "prompt": "<start_of_turn>user\nhi<end_of_turn>\n", "raw": True,
                        "images": [base64.b64encode(RED).decode()]},
-     "images: pic:latest takes no images here: the prompt has 0 image placeholder(s) (<start_of_image>) for 1 "
+     "images: pic:latest: the prompt has 0 image placeholder(s) (<start_of_image>) for 1 "
      "image(s)"),
-    ("/api/chat", {"model": "text", "messages": [{"role": "user", "content": "hi",
-                                                  "images": [base64.b64encode(RED).decode()]}]},
-     "has no vision tower (a text-only checkpoint)"),
-    ("/api/chat", {"model": "gguf", "messages": [{"role": "user", "content": "hi",
-                                                  "images": [base64.b64encode(RED).decode()]}]},
-     "images: gguf:latest takes no images here: no projector (mmproj*.gguf) beside model-f16.gguf"),
+    ("/api/chat", red_chat("text"), "has no vision tower (a text-only checkpoint)"),
+    ("/api/chat", red_chat("gguf"), "images: gguf:latest: no projector (mmproj*.gguf) beside model-f16.gguf"),
+    ("/api/chat", red_chat("two"), "images: two:latest: 2 projector files (mmproj*.gguf) beside model-f16.gguf"),
+    ("/api/chat", red_chat("pic", "hi <image_soft_token>"),
+     "images: pic:latest: the prompt holds image tokens (<image_soft_token>) of its own"),
 ])
 def test_bad_images_are_refused_with_the_reason(served: str, path: str, body: dict, message: str) -> None:
     response = httpx.post(served + path, json={**body, "stream": False}, timeout=60)

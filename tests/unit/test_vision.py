@@ -126,5 +126,10 @@ def test_decoding_names_what_is_wrong() -> None:
         decode_image(b"GIF89a not really", "messages[0].images[1]")
     huge = io.BytesIO()
     Image.new("1", (9000, 8000)).save(huge, format="PNG")  # 72 M pixels, a few KiB on the wire
-    with pytest.raises(ValueError, match="the image is 9000x8000 pixels; at most 64,000,000 are accepted"):
+    with pytest.raises(ValueError, match="the image is 9000x8000 pixels, more than the 64,000,000 accepted$"):
         decode_image(huge.getvalue(), "images[0]")
+    with pytest.raises(ValueError, match="3x2 pixels, more than the 5 accepted .what is left of the 64,000,000"):
+        decode_image(png.getvalue(), "images[1]", max_pixels=5)
+    clear = io.BytesIO()
+    Image.new("RGBA", (2, 1), (0, 0, 0, 0)).save(clear, format="PNG")  # transparent black: white, as the processors
+    assert list(decode_image(clear.getvalue(), "images[0]").getdata()) == [(255, 255, 255)] * 2
