@@ -47,6 +47,13 @@ def decode_image(data: bytes, where: str, max_pixels: int = MAX_IMAGE_PIXELS) ->
     return image.convert("RGB")
 
 
+def check_placeholders(prompt: str, placeholder: str, images: list[Any]) -> None:
+    """ValueError unless `prompt` holds one `placeholder` for each image (either engine)."""
+    found = prompt.count(placeholder)
+    if found != len(images):
+        raise ValueError(f"the prompt has {found} image placeholder(s) ({placeholder}) for {len(images)} image(s)")
+
+
 @dataclass(frozen=True)
 class _Expansion:
     token_types: str  # the forward's argument that marks image tokens
@@ -91,10 +98,8 @@ class ImagePrompt:
     def expand(self, prompt: str, images: list[Any]) -> tuple[str, dict[str, Any]]:
         """`prompt` with each placeholder replaced by its image's tokens, and the images' model inputs (without
         the token types, which depend on the ids: see token_types). ValueError when the counts differ."""
+        check_placeholders(prompt, self.placeholder, images)
         parts = prompt.split(self.placeholder)
-        if len(parts) - 1 != len(images):
-            raise ValueError(f"the prompt has {len(parts) - 1} image placeholder(s) ({self.placeholder}) for "
-                             f"{len(images)} image(s)")
         if self._soft != self.placeholder and self._soft in prompt:  # its features would not line up with them
             raise ValueError(f"the prompt holds image tokens ({self._soft}) of its own")
         e = self._expansion

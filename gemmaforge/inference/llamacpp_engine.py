@@ -16,6 +16,7 @@ from typing import Any
 from gemmaforge.families import Family
 from gemmaforge.inference.jobs import Answer, Finished, Job, QueueFull, TextStream, decode_with_markers
 from gemmaforge.inference.llamacpp_images import Projector
+from gemmaforge.vision import check_placeholders
 
 
 class LlamaCppEngine:
@@ -55,10 +56,7 @@ class LlamaCppEngine:
     def encode_images(self, text: str, images: list[Any]) -> tuple[list[int], dict[str, Any]]:
         if self.vision is None:
             raise ValueError(self.no_vision)
-        placeholders = text.count(self.family.chat.image)
-        if placeholders != len(images):
-            raise ValueError(f"the prompt has {placeholders} image placeholder(s) ({self.family.chat.image}) for "
-                             f"{len(images)} image(s)")
+        check_placeholders(text, self.family.chat.image, images)
         inputs = self.vision.inputs(text, images)
         return self.vision.prompt_ids(inputs), inputs
 

@@ -117,6 +117,23 @@ def test_gemma4_unified_images_are_refused_with_the_reason(checkpoint_of) -> Non
         ImagePrompt.load(folder, read_spec(folder), tokenizer=None)
 
 
+def test_a_requests_images_share_one_pixel_budget() -> None:
+    """Each picture is within the limit alone; the second is refused for what the first left (Pictures, the
+    decoder the Ollama and OpenAI routes share)."""
+    import base64
+
+    from gemmaforge.serve.protocol import ApiError, Pictures
+
+    big = io.BytesIO()
+    Image.new("1", (8000, 5000)).save(big, format="PNG")  # 40 M pixels, a few KiB on the wire
+    sent = base64.b64encode(big.getvalue()).decode()
+    pictures = Pictures()
+    assert pictures.decode(sent, "images[0]").size == (8000, 5000)
+    with pytest.raises(ApiError, match=r"images\[1\]: the image is 8000x5000 pixels, more than the 24,000,000 "
+                                       r"accepted \(what is left of the 64,000,000"):
+        pictures.decode(sent, "images[1]")
+
+
 def test_decoding_names_what_is_wrong() -> None:
     png = io.BytesIO()
     Image.new("L", (3, 2), 7).save(png, format="PNG")
