@@ -352,16 +352,22 @@ def apply_override(raw: dict[str, Any], item: str) -> None:
 
 
 def _describe_validation_error(exc: ValidationError, source: str) -> str:
-    lines = [f"{source}: invalid config"]
+    lines = [f"  {key}: {problem}" for key, problem in validation_problems(exc)]
+    return "\n".join([f"{source}: invalid config", *lines])
+
+
+def validation_problems(exc: ValidationError) -> list[tuple[str, str]]:
+    """(dotted key, what is wrong with it) for each error, as the command line and the dashboard's form say it."""
+    problems = []
     for err in exc.errors():
         loc = ".".join(str(p) for p in err["loc"])
         if err["type"] == "extra_forbidden":
-            lines.append(f"  {loc}: unknown key{_did_you_mean(err['loc'])}")
+            problems.append((loc, f"unknown key{_did_you_mean(err['loc'])}"))
         elif err["type"] == "missing":
-            lines.append(f"  {loc}: required key is missing")
+            problems.append((loc, "required key is missing"))
         else:
-            lines.append(f"  {loc}: {err['msg']} (got {err.get('input')!r})")
-    return "\n".join(lines)
+            problems.append((loc, f"{err['msg']} (got {err.get('input')!r})"))
+    return problems
 
 
 def _did_you_mean(loc: tuple[Any, ...]) -> str:

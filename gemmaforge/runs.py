@@ -10,6 +10,7 @@ import json
 import os
 import platform
 import shutil
+import socket
 import tempfile
 import time
 from collections.abc import Iterator
@@ -147,14 +148,16 @@ class RunDir:
 
     @contextmanager
     def stage(self, name: str) -> Iterator[dict[str, Any]]:
-        """Record a stage's status and timing in the manifest; the body may add fields to the dict."""
-        self.record_stage(name, status="running", started=_now())
+        """Record a stage's status and timing in the manifest; the body may add fields to the dict. The process and
+        host are recorded so that a dashboard can tell a running stage from one whose process died, and stop it."""
+        self.record_stage(name, status="running", started=_now(), pid=os.getpid(), host=socket.gethostname())
         extra: dict[str, Any] = {}
         start = time.perf_counter()
         try:
             yield extra
-        except BaseException:
-            self.record_stage(name, status="failed", runtime_s=round(time.perf_counter() - start, 3))
+        except BaseException as exc:
+            status = "stopped" if isinstance(exc, KeyboardInterrupt) else "failed"
+            self.record_stage(name, status=status, runtime_s=round(time.perf_counter() - start, 3))
             raise
         self.record_stage(name, status="done", runtime_s=round(time.perf_counter() - start, 3), **extra)
 

@@ -35,3 +35,11 @@ def parse_binary_size(text: str, source: str = "--gpu-memory") -> int:
 
 def gib(n: float) -> str:
     return f"{n / GiB:.2f} GiB"
+
+
+def decimal_size(n: int) -> str:
+    """Bytes in decimal units, as llama.cpp and file managers show file sizes: 292 MB, 1.07 GB."""
+    for unit, scale in (("TB", 1000**4), ("GB", 1000**3), ("MB", 1000**2), ("kB", 1000)):
+        if n >= scale:
+            return f"{n / scale:.3g} {unit}" if n < 100 * scale else f"{n / scale:.0f} {unit}"
+    return f"{n} B"

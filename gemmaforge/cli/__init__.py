@@ -12,7 +12,7 @@ import sys
 import warnings
 
 from gemmaforge import __version__
-from gemmaforge.cli import data, doctor, evaluate, export, serve, train
+from gemmaforge.cli import data, doctor, evaluate, export, serve, train, ui
 from gemmaforge.cli.common import Parser
 from gemmaforge.console import console, escape
 from gemmaforge.errors import StageError, UserError
@@ -28,11 +28,12 @@ EPILOG = """examples:
   gemmaforge export ollama runs/quickstart --create
   gemmaforge serve runs/quickstart                         # Ollama + OpenAI APIs on 127.0.0.1:11434
   gemmaforge chat runs/quickstart                          # talk to it in the terminal
+  gemmaforge ui                                            # web dashboard over runs/ (pip install 'gemmaforge[ui]')
   gemmaforge doctor                                        # can this machine train? (ROCm, CUDA, CPU)
   gemmaforge plan examples/quickstart.yaml --gpu-memory 24GiB   # will it fit?
 """
 # in the order `gemmaforge --help` lists their verbs
-VERB_MODULES = (train, data, evaluate, serve, doctor, export)
+VERB_MODULES = (train, data, evaluate, serve, ui, doctor, export)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -67,18 +67,12 @@ def train(args: argparse.Namespace, home: Path) -> int:
 
 def plan(args: argparse.Namespace, home: Path) -> int:
     """Print the plan; exit 1 when it does not fit."""
-    from gemmaforge.models import load_tokenizer, resolve_model
-    from gemmaforge.train.memory_plan import Planner, plan_json, plan_summary, this_device
-    from gemmaforge.train.precision import resolve_precision
+    from gemmaforge.models import resolve_model
+    from gemmaforge.train.memory_plan import plan_config, plan_json, plan_summary
     from gemmaforge.units import parse_binary_size
 
     config = load_config(args.config, args.overrides)
     gpu_memory = parse_binary_size(args.gpu_memory) if args.gpu_memory is not None else None
-    base = resolve_model(config.model.name_or_path, home, config.model.revision)
-    requested = config.train.precision
-    # for another machine's GPU, auto means bf16 (every GPU gemmaforge targets has it but RDNA1/2)
-    precision = "bf16" if gpu_memory is not None and requested == "auto" else resolve_precision(requested, base.family)
-    load_tokenizer(base.path)  # resident as it will be in training, for the CPU's runtime part
-    planned = Planner(config, base, precision, this_device(gpu_memory)).plan()
+    planned = plan_config(config, resolve_model(config.model.name_or_path, home, config.model.revision), gpu_memory)
     print(plan_json(planned) if args.json else plan_summary(planned))
     return 0 if planned.fits else 1

@@ -80,15 +80,33 @@ def inspect_file(
                   "[red strike]red: cut by cutoff_len[/]")
 
 
-def _highlight(text: str, labels: list[int], offsets: list[tuple[int, int]], cutoff_len: int) -> Text:
-    styled = Text()
+def token_spans(text: str, labels: list[int], offsets: list[tuple[int, int]], cutoff_len: int) -> list[tuple[str, str]]:
+    """The rendered text in pieces as training sees it: 'prompt' (no loss), 'supervised', 'cut' (past
+    cutoff_len); neighbours of one kind joined."""
+    spans: list[tuple[str, str]] = []
     cursor = 0
+
+    def add(piece: str, kind: str) -> None:
+        if spans and spans[-1][1] == kind:
+            spans[-1] = (spans[-1][0] + piece, kind)
+        elif piece:
+            spans.append((piece, kind))
+
     for index, (label, (start, end)) in enumerate(zip(labels, offsets)):
         end = max(end, start)
-        style = "red strike" if index >= cutoff_len else ("bold green" if label != IGNORE_INDEX else "dim")
-        styled.append(text[cursor:end], style=style)  # includes any text between tokens
-        cursor = end
-    styled.append(text[cursor:], style="dim")
+        add(text[cursor:end], "cut" if index >= cutoff_len else ("supervised" if label != IGNORE_INDEX else "prompt"))
+        cursor = end  # a token's piece includes any text between it and the previous token
+    add(text[cursor:], "prompt")
+    return spans
+
+
+_STYLES = {"prompt": "dim", "supervised": "bold green", "cut": "red strike"}
+
+
+def _highlight(text: str, labels: list[int], offsets: list[tuple[int, int]], cutoff_len: int) -> Text:
+    styled = Text()
+    for piece, kind in token_spans(text, labels, offsets, cutoff_len):
+        styled.append(piece, style=_STYLES[kind])
     return styled
 
 

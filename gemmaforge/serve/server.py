@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from gemmaforge.console import console
 from gemmaforge.errors import UserError
@@ -81,11 +82,18 @@ def serve(specs: list[str], options: ServeOptions, home: Path) -> None:
 @contextmanager
 def background_server(registry: Registry, options: ServeOptions) -> Iterator[str]:
     """The app on a free loopback port in a daemon thread; yields its base URL."""
-    import uvicorn
-
     from gemmaforge.serve.app import create_app
 
     app = create_app(registry, api_key=options.api_key, max_tokens=options.max_tokens, timeout_s=options.timeout_s)
+    with app_in_background(app) as url:
+        yield url
+
+
+@contextmanager
+def app_in_background(app: Any) -> Iterator[str]:
+    """Any ASGI app on a free loopback port in a daemon thread (uvicorn); yields its base URL."""
+    import uvicorn
+
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     server = uvicorn.Server(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=2))

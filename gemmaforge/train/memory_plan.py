@@ -26,9 +26,10 @@ from pathlib import Path
 from typing import Any
 
 from gemmaforge.config import RunConfig
-from gemmaforge.models import ResolvedModel
+from gemmaforge.models import ResolvedModel, load_tokenizer
 from gemmaforge.system.memory import available_ram, resident_bytes
 from gemmaforge.train.activations import ActivationProfile, profile_activations, text_config
+from gemmaforge.train.precision import resolve_precision
 from gemmaforge.units import gib
 
 ADAMW_BYTES_PER_PARAM = 16  # fp32 value, gradient, two moments
@@ -248,6 +249,15 @@ def this_device(gpu_memory: int | None = None) -> Device:
         return Device("gpu", torch.cuda.get_device_name(index), int(free), 0)
     rss = resident_bytes()
     return Device("cpu", "this CPU", available_ram() + rss, rss)
+
+
+def plan_config(config: RunConfig, base: ResolvedModel, gpu_memory: int | None = None) -> Plan:
+    """`gemmaforge plan`'s plan: this device's, or a GPU of gpu_memory bytes (where precision auto means bf16,
+    which every GPU gemmaforge targets has but RDNA1/2)."""
+    requested = config.train.precision
+    precision = "bf16" if gpu_memory is not None and requested == "auto" else resolve_precision(requested, base.family)
+    load_tokenizer(base.path)  # resident as it will be in training, for the CPU's runtime part
+    return Planner(config, base, precision, this_device(gpu_memory)).plan()
 
 
 def plan_summary(plan: Plan) -> str:

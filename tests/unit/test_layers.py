@@ -22,7 +22,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("export stage", ("gemmaforge.export",)),
     ("evaluate stage", ("gemmaforge.evaluate",)),
     ("pipeline", ("gemmaforge.pipeline",)),
-    ("front ends", ("gemmaforge.cli", "gemmaforge.__main__", "gemmaforge.serve", "gemmaforge.doctor")),
+    ("front ends", ("gemmaforge.cli", "gemmaforge.__main__", "gemmaforge.serve", "gemmaforge.doctor", "gemmaforge.ui")),
 ]
 
 
