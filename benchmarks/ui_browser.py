@@ -67,6 +67,12 @@ def start_ui(runs: Path, port: int, log: Path) -> subprocess.Popen[bytes]:
     raise SystemExit(f"gemmaforge ui did not start: {log.read_text()}")
 
 
+def drawn(page: Page, series: str) -> None:
+    """Until the loss plot's legend names the series (the plot draws its legend as SVG text)."""
+    page.wait_for_function(f"(document.querySelector('#curve-0')?.innerText || '').includes({json.dumps(series)})",
+                           timeout=120_000)
+
+
 def metric_rows(path: Path) -> int:
     return len(path.read_text().splitlines()) if path.is_file() else 0
 
@@ -103,7 +109,7 @@ def launch_and_watch(walk: Walk, runs: Path) -> None:
     metrics = run / "metrics.jsonl"
     for rows in (2, 6):
         wait_file(lambda: metric_rows(metrics) >= rows, 1200)
-        page.locator("#curve-0").get_by_text("quickstart-ui: loss").first.wait_for(timeout=60_000)
+        drawn(page, "quickstart-ui: loss")
         time.sleep(2 * 3.0)  # two refreshes of the page
         walk.seen[f"curve_after_{rows}_rows"] = True
         walk.shot(f"curve-{rows}-rows")
@@ -154,7 +160,7 @@ def load_time(walk: Walk, url: str) -> float:
     start = time.perf_counter()
     walk.page.goto(url)
     walk.tab("Curves")
-    walk.page.locator("#curve-0").get_by_text("big: loss").first.wait_for(timeout=120_000)
+    drawn(walk.page, "big: loss")
     return time.perf_counter() - start
 
 

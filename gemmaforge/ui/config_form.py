@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import types
 import typing
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -66,19 +66,25 @@ def form_fields(model: type[BaseModel] = RunConfig, prefix: str = "") -> list[Fo
             continue
         kind, choices, optional = _kind(info.annotation)
         default = None if info.is_required() else info.get_default(call_default_factory=True)
-        fields.append(FormField(key, kind, shown(kind, default), optional, choices, info.description or ""))
+        field = FormField(key, kind, None, optional, choices, info.description or "")
+        fields.append(replace(field, default=shown(field, default)))
     return fields
 
 
-def shown(kind: Kind, value: Any) -> Any:
-    """A config value as its field holds it."""
-    if kind == "yaml":
-        return "" if value is None else yaml.safe_dump(value, default_flow_style=True, allow_unicode=True).strip()
-    if kind == "choices":
+def as_text(field: FormField) -> bool:
+    """Whether the field is a text input: an optional number is one too (a number input cannot be empty)."""
+    return field.kind in ("text", "yaml") or (field.optional and field.kind in ("integer", "number"))
+
+
+def shown(field: FormField, value: Any) -> Any:
+    """A config value as its input holds it."""
+    if field.kind == "choices":
         return list(value or [])
-    if kind in ("text", "choice"):
-        return "" if value is None else str(value)
-    return value
+    if value is None:
+        return "" if as_text(field) or field.kind == "choice" else value
+    if field.kind == "yaml" and not isinstance(value, str):  # a plain string stays as it is (all-linear)
+        return yaml.safe_dump(value, default_flow_style=True, allow_unicode=True).strip()
+    return str(value) if as_text(field) or field.kind == "choice" else value
 
 
 def taken(field: FormField, value: Any) -> Any:
@@ -89,6 +95,11 @@ def taken(field: FormField, value: Any) -> Any:
         return list(value or [])
     if value is None or (isinstance(value, str) and not value.strip()):
         return None
+    if field.kind in ("integer", "number") and isinstance(value, str):
+        try:  # as Python writes numbers (1e-05 too, which YAML 1.1 reads as a string)
+            value = int(value) if field.kind == "integer" else float(value)
+        except ValueError:
+            return value.strip()  # the config's validation names it
     if field.kind == "integer" and isinstance(value, float) and value.is_integer():
         return int(value)
     if field.kind == "yaml":
@@ -144,7 +155,7 @@ def values_from_file(fields: list[FormField], path: str) -> list[Any]:
     `gemmaforge run` would refuse raises its UserError."""
     config = load_config(Path(path.strip()))
     flat = flatten(config.model_dump(mode="json"))
-    return [shown(field.kind, flat.get(field.key)) for field in fields]
+    return [shown(field, flat.get(field.key)) for field in fields]
 
 
 def field_of(fields: list[FormField], key: str) -> FormField | None:

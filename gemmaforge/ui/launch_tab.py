@@ -10,7 +10,7 @@ import gradio as gr
 from gemmaforge.config import RunConfig
 from gemmaforge.errors import UserError
 from gemmaforge.train.memory_plan import plan_config, plan_summary
-from gemmaforge.ui.config_form import FormField, check, field_of, form_fields, values_from_file
+from gemmaforge.ui.config_form import FormField, as_text, check, field_of, form_fields, values_from_file
 from gemmaforge.ui.dashboard import Dashboard
 from gemmaforge.ui.launch_checks import base_of, preview
 
@@ -48,7 +48,7 @@ def _input(field: FormField, value: Any) -> Any:
     common = {"label": field.key, "info": field.description, "elem_id": "field-" + field.key.replace(".", "-")}
     if field.kind == "bool":
         return gr.Checkbox(value=value, **common)
-    if field.kind in ("integer", "number"):
+    if field.kind in ("integer", "number") and not as_text(field):
         return gr.Number(value=value, precision=0 if field.kind == "integer" else None, **common)
     if field.kind in ("choice", "choices"):
         choices = [*([""] if field.optional and field.kind == "choice" else []), *field.choices]

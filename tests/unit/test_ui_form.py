@@ -39,9 +39,11 @@ def test_every_config_key_has_one_field_with_its_kind_and_description() -> None:
     assert by_key["data.clean.unicode_normalization"].choices == ("NFC", "NFKC")
     assert by_key["train.eval_steps"].description == "default: save_steps"
     assert by_key["train.learning_rate"].default == 2e-4
+    # an optional number is a text input, empty for None (a number input would show 0, which eval_steps refuses)
+    assert by_key["train.eval_steps"].default == "" and by_key["data.val_size"].default == ""
 
 
-def test_the_quickstart_loads_into_the_form_and_checks_back_to_the_same_config() -> None:
+def test_the_quickstart_loads_into_the_form_and_checks_back_to_the_same_config(tmp_path: Path) -> None:
     values = values_from_file(FIELDS, str(QUICKSTART))
     assert values[KEYS.index("lora.target_modules")] == \
         "[q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj]"
@@ -49,10 +51,19 @@ def test_the_quickstart_loads_into_the_form_and_checks_back_to_the_same_config()
     config, problems = check(FIELDS, values)
     assert problems == {}
     assert dump_config(config) == dump_config(load_config(QUICKSTART))
+    assert values[KEYS.index("train.eval_steps")] == "" and values[KEYS.index("data.val_size")] == "0.1"
     edited, _ = check(FIELDS, changed(values, train__max_steps=10.0, lora__target_modules="all-linear",
-                                      model__revision="", export__gguf=["q4_k_m"]))
+                                      model__revision="", export__gguf=["q4_k_m"], train__eval_steps="5",
+                                      eval__fail_under="1e-05"))
     assert (edited.train.max_steps, edited.lora.target_modules, edited.model.revision, edited.export.gguf) == \
         (10, "all-linear", None, ["q4_k_m"])
+    assert (edited.train.eval_steps, edited.eval.fail_under) == (5, 1e-05)
+    # what a run writes (run.yaml) loads back into the same form values
+    saved = tmp_path / "run.yaml"
+    saved.write_text(dump_config(edited), encoding="utf-8")
+    again = values_from_file(FIELDS, str(saved))
+    assert again[KEYS.index("lora.target_modules")] == "all-linear" and again[KEYS.index("train.eval_steps")] == "5"
+    assert dump_config(check(FIELDS, again)[0]) == dump_config(edited)
 
 
 def test_each_problem_is_given_to_its_field() -> None:
