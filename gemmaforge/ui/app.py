@@ -71,16 +71,20 @@ def build(board: Dashboard, default_config: str = "examples/quickstart.yaml") ->
                     ollama_command(root) if root else "", verify_rows(root) if root else [],
                     eval_report(root) if root else "")
 
+        def curves(drawn: list[str] | None) -> list[Any]:
+            # no frame for a curve without points: a visible plot drawn once from an empty frame stays empty
+            return [frame if len(frame) else None for frame in board.curves(drawn)]
+
         def refresh(name: str | None, drawn: list[str] | None) -> tuple[Any, ...]:
             names = board.names()
             kept = [n for n in drawn or [] if n in names] or ([name] if name in names else [])
             return (gr.update(choices=names, value=name if name in names else (names[0] if names else None)),
-                    gr.update(choices=names, value=kept), *details(name), *board.curves(kept))
+                    gr.update(choices=names, value=kept), *details(name), *curves(kept))
 
         detail_outputs = [stages, files, console, config, ollama, verify, report]
         run.change(details, run, detail_outputs)
         page.load(lambda name: board.system_prompt(name), run, system)
-        compare.change(board.curves, compare, plots)
+        compare.change(curves, compare, plots)
         timer.tick(refresh, [run, compare], [run, compare, *detail_outputs, *plots], show_progress="hidden")
         page.load(refresh, [run, compare], [run, compare, *detail_outputs, *plots])
         stop.click(board.stop, run, message)
