@@ -9,13 +9,17 @@ import os
 import socket
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
 import yaml
 
 from gemmaforge.cli import main
+from gemmaforge.models import default_home
 from gemmaforge.runs import RunDir
+from gemmaforge.ui.app import REFRESH_S
+from gemmaforge.ui.dashboard import Dashboard
 from gemmaforge.ui.overview import (
     MAX_POINTS,
     MetricsTail,
@@ -172,3 +176,25 @@ def test_the_chat_history_the_page_hands_back_is_read_as_text() -> None:
         {"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"},
         {"role": "assistant", "content": "Hello."}, {"role": "user", "content": "Next?"}]
     assert conversation([], "Next?", "  ") == [{"role": "user", "content": "Next?"}]
+
+
+README = (Path(__file__).parents[2] / "README.md").read_text(encoding="utf-8")
+
+
+def test_readme_figures_for_the_dashboard_are_its_own() -> None:
+    """README: refreshed every 3 s, long series thinned to 2,000 points, gradio only in the ui extra."""
+    section = " ".join(README.split("### `gemmaforge ui")[1].split("\n### ")[0].split())
+    assert f"refreshed every {REFRESH_S:g} s" in section
+    thinned = int(section.split("thinned to ")[1].split(" points")[0].replace(",", ""))
+    assert len(points([{"step": i, "loss": 1.0} for i in range(3 * thinned)], "loss")) == thinned
+    project = tomllib.loads((Path(__file__).parents[2] / "pyproject.toml").read_text(encoding="utf-8"))["project"]
+    assert any(d.startswith("gradio") for d in project["optional-dependencies"]["ui"])
+    assert not any(d.startswith("gradio") for d in project["dependencies"])  # the first command needs none of it
+
+
+def test_the_chat_starts_with_the_run_s_deployed_system_prompt(tmp_path: Path) -> None:
+    _run_dir(tmp_path / "a", data={"path": "d.json", "system": "You are a barista."})
+    _run_dir(tmp_path / "b", data={"path": "d.json", "system": "trained"}, export={"ollama": {"system": "deployed"}})
+    board = Dashboard(tmp_path, default_home())
+    assert (board.system_prompt("a"), board.system_prompt("b"), board.system_prompt(None)) == \
+        ("You are a barista.", "deployed", "")
