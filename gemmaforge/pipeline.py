@@ -10,7 +10,7 @@ from pathlib import Path
 
 from gemmaforge.config import RunConfig, Split
 from gemmaforge.console import console
-from gemmaforge.distributed import barrier, is_main_process
+from gemmaforge.distributed import barrier, gather, is_main_process, writes_per_node
 from gemmaforge.errors import StageError, UserError
 from gemmaforge.export.gguf_shards import gguf_parts
 from gemmaforge.model_spec import read_spec
@@ -32,18 +32,29 @@ def stage_data(run: RunDir, config: RunConfig, base: ResolvedModel) -> None:
     from gemmaforge.data.prepare import prepare_data, summary_line
     from gemmaforge.models import load_tokenizer
 
-    if not is_main_process():  # the main rank prepares; the others read its files
-        barrier()
-        return
-    with run.stage("data") as record:
-        stats = prepare_data(
-            config.data, config.train.seed, run.data_dir, load_tokenizer(base.path), base.family,
-            config.train.cutoff_len
-        )
-        record.update({k: stats[k] for k in ("format", "records", "kept", "train", "val", "dropped", "changed")})
-        record.update(train_sha256=stats["train_sha256"], val_sha256=stats["val_sha256"])
-    barrier()
-    console.print(f"[bold]data[/]: {summary_line(stats)} -> {run.data_dir}")
+    if is_main_process():  # the main rank prepares (one per node when nodes keep their own run directory)
+        with run.stage("data") as record:
+            stats = prepare_data(
+                config.data, config.train.seed, run.data_dir, load_tokenizer(base.path), base.family,
+                config.train.cutoff_len
+            )
+            record.update({k: stats[k] for k in ("format", "records", "kept", "train", "val", "dropped", "changed")})
+            record.update(train_sha256=stats["train_sha256"], val_sha256=stats["val_sha256"])
+        console.print(f"[bold]data[/]: {summary_line(stats)} -> {run.data_dir}")
+    barrier()  # the others read the main rank's files
+    if writes_per_node():
+        check_same_data_on_every_node(run)
+
+
+def check_same_data_on_every_node(run: RunDir) -> None:
+    """Nodes that prepared their own copy must train on the same rows (a dataset that differs between nodes
+    would silently train each rank on different examples)."""
+    from gemmaforge.data.sources import file_sha256
+
+    digests = gather(tuple(file_sha256(run.data_dir / f"{name}.jsonl") for name in ("train", "val")))
+    if len(set(digests)) != 1:
+        raise StageError(f"the nodes prepared different data in {run.data_dir} (train.jsonl/val.jsonl sha256 per "
+                         f"rank: {digests}): give every node the same dataset file and config")
 
 
 def stage_train(run: RunDir, config: RunConfig, base: ResolvedModel) -> None:

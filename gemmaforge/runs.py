@@ -13,6 +13,7 @@ import shutil
 import socket
 import tempfile
 import time
+import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
@@ -21,7 +22,8 @@ from pathlib import Path
 from typing import Any
 
 from gemmaforge.config import RunConfig, dump_config, load_config
-from gemmaforge.distributed import is_main_process
+from gemmaforge.console import console
+from gemmaforge.distributed import barrier, gather, is_main_process, node_count, write_per_node
 from gemmaforge.errors import UserError
 
 _VERSIONED_PACKAGES = ("gemmaforge", "torch", "transformers", "peft", "accelerate", "gguf", "safetensors")
@@ -92,9 +94,29 @@ class RunDir:
                 pass
         except OSError as exc:
             raise UserError(f"output_dir '{run.root}': cannot write there ({exc.strerror})") from None
+        if node_count() > 1:
+            write_per_node(not run.shared_between_nodes())
         if is_main_process():
             atomic_write_text(run.config_path, dump_config(config))
         return run
+
+    def shared_between_nodes(self) -> bool:
+        """Whether every node sees rank 0's run directory: rank 0 writes a random token there and each node's
+        first process looks for it. Called by every rank of a multi-node run."""
+        probe = self.root / ".gemmaforge-node-probe"
+        token = gather(uuid.uuid4().hex)[0]  # rank 0's
+        if int(os.environ.get("RANK", "0")) == 0:
+            atomic_write_text(probe, token)
+        barrier()
+        seen = int(os.environ.get("LOCAL_RANK", "0")) != 0 or (probe.is_file() and probe.read_text() == token)
+        shared = all(gather(seen))
+        barrier()  # everyone has looked
+        if int(os.environ.get("RANK", "0")) == 0:
+            probe.unlink(missing_ok=True)
+        if not shared and int(os.environ.get("LOCAL_RANK", "0")) == 0:
+            console.print(f"[yellow]gemmaforge[/]: the nodes do not share {self.root}: each node prepares the data "
+                          "and keeps its own run directory and checkpoints")
+        return shared
 
     @classmethod
     def open(cls, root: Path | str) -> RunDir:

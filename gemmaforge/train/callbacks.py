@@ -9,6 +9,7 @@ from typing import Any
 from transformers import TrainerCallback
 from transformers.trainer_callback import ProgressCallback
 
+from gemmaforge.distributed import is_main_process
 from gemmaforge.system.monitor import MONITOR_KEYS, status_line
 
 _KEPT = (
@@ -23,7 +24,7 @@ class MetricsCallback(TrainerCallback):
         self.plot_path = plot_path
 
     def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, float] | None = None, **kwargs: Any) -> None:
-        if not state.is_world_process_zero or not logs:
+        if not is_main_process() or not logs:  # the writer of this run directory (one per node when not shared)
             return
         if "loss" not in logs and "eval_loss" not in logs:  # e.g. the end-of-training summary
             return
@@ -34,7 +35,7 @@ class MetricsCallback(TrainerCallback):
             plot_losses(self.metrics_path, self.plot_path)
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        if state.is_world_process_zero:
+        if is_main_process():
             plot_losses(self.metrics_path, self.plot_path)
 
 

@@ -16,6 +16,7 @@ from typing import Any
 
 from transformers import TrainerCallback
 
+from gemmaforge.distributed import is_main_process
 from gemmaforge.runs import atomic_write_text
 
 MARKER = "gemmaforge-complete.json"
@@ -25,7 +26,7 @@ _CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
 class CompleteMarker(TrainerCallback):
     def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         folder = Path(args.output_dir) / f"checkpoint-{state.global_step}"
-        if state.is_world_process_zero and folder.is_dir():
+        if is_main_process() and folder.is_dir():
             atomic_write_text(folder / MARKER, json.dumps({"step": state.global_step, "max_steps": state.max_steps}))
 
 
@@ -46,6 +47,11 @@ def last_complete_checkpoint(folder: Path, delete_incomplete: bool = True) -> Pa
         elif delete_incomplete:
             shutil.rmtree(path, ignore_errors=True)
     return complete
+
+
+def complete_steps(folder: Path) -> list[int]:
+    """The steps of the marked checkpoints in `folder`."""
+    return [step for step, path in checkpoints(folder) if (path / MARKER).is_file()] if folder.is_dir() else []
 
 
 def keep_metrics_until(metrics_path: Path, step: int) -> None:
