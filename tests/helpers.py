@@ -36,6 +36,21 @@ def run_cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "gemmaforge", *args], cwd=cwd, capture_output=True, text=True, env=env)
 
 
+def manifest_train(run: Path) -> dict:
+    return json.loads((run / "manifest.json").read_text())["stages"]["train"]
+
+
+def adapter_tensors(run: Path) -> dict:
+    """The saved adapter's tensors by name."""
+    from safetensors.torch import load_file
+
+    return load_file(run / "adapter" / "adapter_model.safetensors")
+
+
+def metrics(run: Path) -> list[dict]:
+    return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+
+
 def write_config(tmp_path: Path, model: Path | str, lora: dict | None = None, **train: object) -> Path:
     """A config for a few fast steps on a tiny model; `lora` and `train` override their sections' keys."""
     config = {

@@ -11,6 +11,7 @@ from gemmaforge.config import load_config
 from gemmaforge.console import console
 from gemmaforge.distributed import init_if_launched
 from gemmaforge.runs import RunDir
+from gemmaforge.train.sharding import STRATEGIES, check_strategy, planned_as
 
 PLAN_EPILOG = """The plan counts weights, trainable parameters with AdamW's state, the activations autograd keeps
 (traced on a probe with two layers of each kind at the real width), the backward pass, the loss's logits and the
@@ -21,6 +22,11 @@ examples:
   gemmaforge plan examples/quickstart.yaml
   gemmaforge plan my.yaml --gpu-memory 24GiB                # for an RX 7900 XTX, from any machine
   gemmaforge plan my.yaml train.per_device_train_batch_size=16 train.gradient_checkpointing=true --json
+  gemmaforge plan gemma3-27b.yaml --gpu-memory 24GiB --nproc 4 --strategy fsdp2   # one of 4 x RX 7900 XTX
+
+With --nproc N each rank's peak is planned (its own batch of per_device_train_batch_size rows; weights and
+trainable state as the strategy shares them), and the last line names, for each strategy, the fewest ranks
+of this device (1, 2, 4 or 8) that fit.
 """
 
 
@@ -45,6 +51,11 @@ def add(verbs: Verbs) -> None:
     p.add_argument("config", type=Path)
     p.add_argument("overrides", nargs="*", metavar="key.sub=value")
     p.add_argument("--gpu-memory", metavar="SIZE", help="plan for a GPU with this much memory (24GiB, 16G, 80GB)")
+    p.add_argument("--nproc", type=int, default=1, metavar="N",
+                   help="plan one rank of N processes (GPUs) training together (default 1)")
+    p.add_argument("--strategy", choices=STRATEGIES, default=None,
+                   help="how the N ranks share the model: ddp (replicated), zero2 (gradients and AdamW states "
+                   "sharded), fsdp2 or zero3 (weights too); default: the launcher's when launched, else ddp")
     p.add_argument("--json", action="store_true", help="the plan as JSON")
     p.set_defaults(handler=plan)
 
@@ -73,6 +84,8 @@ def plan(args: argparse.Namespace, home: Path) -> int:
 
     config = load_config(args.config, args.overrides)
     gpu_memory = parse_binary_size(args.gpu_memory) if args.gpu_memory is not None else None
-    planned = plan_config(config, resolve_model(config.model.name_or_path, home, config.model.revision), gpu_memory)
+    strategy = args.strategy or planned_as(check_strategy())
+    planned = plan_config(config, resolve_model(config.model.name_or_path, home, config.model.revision), gpu_memory,
+                          args.nproc, strategy)
     print(plan_json(planned) if args.json else plan_summary(planned))
     return 0 if planned.fits else 1

@@ -22,6 +22,7 @@ from gemmaforge.system.memory import peak_memory_bytes
 from gemmaforge.system.monitor import DeviceMonitor
 from gemmaforge.templates import IGNORE_INDEX
 from gemmaforge.train.linear_cross_entropy import linear_cross_entropy
+from gemmaforge.train.sharding import declare_fsdp_on_cpu
 
 
 def supervised_loss(
@@ -111,6 +112,11 @@ class SupervisedLossTrainer(Trainer):
         self.positions = self.padding = 0  # of the batches trained: for the slow-step findings
         self.last_log_time = time.perf_counter()
         self.monitor: DeviceMonitor | None = None  # its readings join every training log
+
+    def _build_accelerator_args(self, **kwargs: Any) -> dict[str, Any]:
+        args = super()._build_accelerator_args(**kwargs)
+        declare_fsdp_on_cpu(args["mixed_precision"])  # the Accelerator built from these args joins that state
+        return args
 
     def _run_epoch(self, *args: Any, **kwargs: Any) -> Any:
         # Resumed from the final checkpoint (the same command again after a later stage failed): the Trainer's

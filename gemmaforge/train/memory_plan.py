@@ -14,6 +14,15 @@ The peak is the sum of terms that are each counted, not guessed:
   tokenizer, data). Loading has its own peak there: the checkpoint file mapped while its weights convert.
   On a GPU, the driver context outside torch's allocator;
 * cpu heap: on the CPU, memory freed by activations that glibc keeps fragmented in its heap (measured).
+
+Several ranks (`--nproc N`, or the launcher's own N when `train` plans): each rank trains its own batch, so the
+activations, backward and logits stay per rank; what a strategy shares out is the model state:
+* ddp: every rank holds all weights and all trainable state, plus DDP's gradient buckets (a copy of the
+  trainable gradients in fp32);
+* zero2: the trainable parameters stay whole on every rank, their gradients and AdamW moments are sharded;
+* fsdp2, zero3: weights and trainable state sharded 1/N, plus what is gathered whole while it computes: two
+  decoder layers (the one running and the one prefetched) and the tied embedding / output layer, which FSDP2
+  keeps whole from the first layer to the loss (not resharded after forward, as accelerate prepares it).
 """
 
 from __future__ import annotations
@@ -21,15 +30,18 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from gemmaforge.config import RunConfig
+from gemmaforge.errors import UserError
 from gemmaforge.models import ResolvedModel, load_tokenizer
 from gemmaforge.system.memory import available_ram, resident_bytes
 from gemmaforge.train.activations import ActivationProfile, profile_activations, text_config
 from gemmaforge.train.precision import resolve_precision
+from gemmaforge.train.sharding import STRATEGIES
 from gemmaforge.units import gib
 
 ADAMW_BYTES_PER_PARAM = 16  # fp32 value, gradient, two moments
@@ -57,6 +69,8 @@ class ModelCounts:
     checkpoint_bytes: int  # the checkpoint files on disk (mapped while loading on the CPU)
     vocab_size: int
     layers: int
+    largest_layer_bytes: int  # the frozen weights of the largest decoder layer
+    embedding_bytes: int  # the (tied) token embedding
 
 
 @dataclass(frozen=True)
@@ -70,6 +84,9 @@ class Plan:
     advice: list[str] = field(default_factory=list)
     largest_batch: int = 0  # at this cutoff_len (0: none fits)
     largest_cutoff: int = 0  # at this batch size
+    ranks: int = 1
+    strategy: str = "ddp"
+    smallest_setup: str = ""  # the fewest ranks of this device that fit, for each strategy
 
     @property
     def peak_bytes(self) -> int:
@@ -85,17 +102,23 @@ class Plan:
             "gradient_checkpointing": self.gradient_checkpointing, "parts": self.parts,
             "load_peak_bytes": self.load_peak_bytes, "peak_bytes": self.peak_bytes, "fits": self.fits,
             "largest_batch": self.largest_batch, "largest_cutoff": self.largest_cutoff, "advice": self.advice,
+            "ranks": self.ranks, "strategy": self.strategy, "smallest_setup": self.smallest_setup,
         }
 
 
 class Planner:
     """Counts once per model and config, then prices any batch size and cutoff_len."""
 
-    def __init__(self, config: RunConfig, base: ResolvedModel, precision: str, device: Device):
+    def __init__(self, config: RunConfig, base: ResolvedModel, precision: str, device: Device, ranks: int = 1,
+                 strategy: str = "ddp"):
         import torch
         from transformers import AutoConfig
 
-        self.config, self.device = config, device
+        if strategy not in STRATEGIES:
+            raise UserError(f"strategy {strategy!r}: expected one of {', '.join(STRATEGIES)}")
+        if ranks < 1:
+            raise UserError(f"--nproc {ranks}: expected 1 or more processes")
+        self.config, self.device, self.ranks, self.strategy = config, device, ranks, strategy
         self.dtype = torch.bfloat16 if precision == "bf16" else torch.float32
         model_config = AutoConfig.from_pretrained(base.path)
         self.context = getattr(text_config(model_config), "max_position_embeddings", None) or 8192
@@ -105,14 +128,14 @@ class Planner:
         if device.kind == "cpu":  # the probe's memory stays in this process's heap, under the model that loads next
             self.device = replace(device, runtime_bytes=max(device.runtime_bytes, resident_bytes()))
 
-    def parts(self, batch: int, cutoff: int, checkpointing: bool) -> dict[str, int]:
+    def parts(self, batch: int, cutoff: int, checkpointing: bool, ranks: int | None = None,
+              strategy: str | None = None) -> dict[str, int]:
         tokens = batch * cutoff
         chunk = min(self.config.train.logits_chunk_size, tokens)
         layer = self.profile.largest_layer(tokens, cutoff)
         parts = {
             "runtime": self.device.runtime_bytes,
-            "weights": self.counts.frozen_bytes,
-            "trainable": self.counts.trainable_params * ADAMW_BYTES_PER_PARAM,
+            **self.model_state(ranks or self.ranks, strategy or self.strategy),
             "activations": round(self.profile.total(tokens, cutoff, checkpointing)),
             "backward": round(layer * (2 if checkpointing else 1)),
             "logits": chunk * self.counts.vocab_size * self.logit_bytes,
@@ -122,13 +145,30 @@ class Planner:
             parts["cpu heap"] = round(share * self.profile.total(tokens, cutoff, checkpointing=False))
         return parts
 
+    def model_state(self, ranks: int, strategy: str) -> dict[str, int]:
+        """Weights and trainable state on one rank of `ranks` under `strategy` (the module docstring)."""
+        counts = self.counts
+        trainable = counts.trainable_params * ADAMW_BYTES_PER_PARAM
+        if ranks == 1:
+            return {"weights": counts.frozen_bytes, "trainable": trainable}
+        if strategy == "ddp":
+            return {"weights": counts.frozen_bytes, "trainable": trainable,
+                    "ddp buckets": counts.trainable_params * 4}
+        if strategy == "zero2":
+            return {"weights": counts.frozen_bytes,
+                    "trainable": counts.trainable_params * 4 + math.ceil(counts.trainable_params * 12 / ranks)}
+        gathered = 2 * counts.largest_layer_bytes + counts.embedding_bytes
+        return {"weights": math.ceil(counts.frozen_bytes / ranks), "trainable": math.ceil(trainable / ranks),
+                "gathered": gathered}
+
     def load_peak(self) -> int:
         if self.device.kind != "cpu":
             return 0
         return self.device.runtime_bytes + self.counts.checkpoint_bytes + self.counts.frozen_bytes
 
-    def fits(self, batch: int, cutoff: int, checkpointing: bool) -> bool:
-        return max(sum(self.parts(batch, cutoff, checkpointing).values()),
+    def fits(self, batch: int, cutoff: int, checkpointing: bool, ranks: int | None = None,
+             strategy: str | None = None) -> bool:
+        return max(sum(self.parts(batch, cutoff, checkpointing, ranks, strategy).values()),
                    self.load_peak()) <= self.device.capacity_bytes
 
     def plan(self) -> Plan:
@@ -137,8 +177,22 @@ class Planner:
         plan = Plan(self.device, t.per_device_train_batch_size, t.cutoff_len, checkpointing,
                     self.parts(t.per_device_train_batch_size, t.cutoff_len, checkpointing), self.load_peak(),
                     largest_batch=self.largest_batch(t.cutoff_len, checkpointing),
-                    largest_cutoff=self.largest_cutoff(t.per_device_train_batch_size, checkpointing))
+                    largest_cutoff=self.largest_cutoff(t.per_device_train_batch_size, checkpointing),
+                    ranks=self.ranks, strategy=self.strategy, smallest_setup=self.smallest_setup())
         return replace(plan, advice=self.advice(plan))
+
+    def smallest_setup(self) -> str:
+        """For each strategy, the fewest ranks (1, 2, 4 or 8 of this device) that fit this config."""
+        t = self.config.train
+        found = []
+        for strategy in STRATEGIES:
+            for ranks in (1, 2, 4, 8):
+                if self.fits(t.per_device_train_batch_size, t.cutoff_len, t.gradient_checkpointing, ranks, strategy):
+                    found.append(f"{strategy} x {ranks}")
+                    break
+            else:
+                found.append(f"{strategy}: not with 8")
+        return ", ".join(found)
 
     def largest_batch(self, cutoff: int, checkpointing: bool) -> int:
         return _largest(lambda b: self.fits(b, cutoff, checkpointing), 1, 4096)
@@ -203,15 +257,24 @@ def count_model(model_config: Any, base: ResolvedModel, config: RunConfig, dtype
         model = wrap_for_training(model, unquantized, base.family, lora_targets(config, base), token_ids)
     frozen = trainable = 0
     element = torch.finfo(dtype).bits // 8
+    per_layer: dict[str, int] = {}
     for name, param in model.named_parameters():
         if param.requires_grad:
             trainable += param.numel()
-        elif config.model.load_in_4bit and _quantized_by_bitsandbytes(name, param):
-            frozen += math.ceil(param.numel() * NF4_BYTES_PER_PARAM)
-        else:
-            frozen += param.numel() * element
+            continue
+        size = (math.ceil(param.numel() * NF4_BYTES_PER_PARAM)
+                if config.model.load_in_4bit and _quantized_by_bitsandbytes(name, param) else param.numel() * element)
+        frozen += size
+        if layer := _LAYER.search(name):
+            per_layer[layer.group(0)] = per_layer.get(layer.group(0), 0) + size
+    embedding = model.get_input_embeddings()
+    embedding_bytes = sum(p.numel() * element for p in embedding.parameters() if not p.requires_grad)
     cfg = text_config(model_config)
-    return ModelCounts(frozen, trainable, checkpoint_bytes(base.path), cfg.vocab_size, cfg.num_hidden_layers)
+    return ModelCounts(frozen, trainable, checkpoint_bytes(base.path), cfg.vocab_size, cfg.num_hidden_layers,
+                       max(per_layer.values(), default=0), embedding_bytes)
+
+
+_LAYER = re.compile(r"^.*\.layers\.\d+\.")  # a decoder (or tower encoder) layer: FSDP2's unit of gathering
 
 
 def logit_bytes(model_config: Any, dtype: Any) -> int:
@@ -251,17 +314,19 @@ def this_device(gpu_memory: int | None = None) -> Device:
     return Device("cpu", "this CPU", available_ram() + rss, rss)
 
 
-def plan_config(config: RunConfig, base: ResolvedModel, gpu_memory: int | None = None) -> Plan:
+def plan_config(config: RunConfig, base: ResolvedModel, gpu_memory: int | None = None, ranks: int = 1,
+                strategy: str = "ddp") -> Plan:
     """`gemmaforge plan`'s plan: this device's, or a GPU of gpu_memory bytes (where precision auto means bf16,
-    which every GPU gemmaforge targets has but RDNA1/2)."""
+    which every GPU gemmaforge targets has but RDNA1/2), for one of `ranks` processes under `strategy`."""
     requested = config.train.precision
     precision = "bf16" if gpu_memory is not None and requested == "auto" else resolve_precision(requested, base.family)
     load_tokenizer(base.path)  # resident as it will be in training, for the CPU's runtime part
-    return Planner(config, base, precision, this_device(gpu_memory)).plan()
+    return Planner(config, base, precision, this_device(gpu_memory), ranks, strategy).plan()
 
 
 def plan_summary(plan: Plan) -> str:
-    lines = [(f"memory plan for {plan.device.name}: batch {plan.batch_size} x cutoff_len "
+    per_rank = f" per rank ({plan.ranks} ranks, {plan.strategy})" if plan.ranks > 1 else ""
+    lines = [(f"memory plan{per_rank} for {plan.device.name}: batch {plan.batch_size} x cutoff_len "
              f"{plan.cutoff_len}, gradient checkpointing {'on' if plan.gradient_checkpointing else 'off'}")]
     for name, value in plan.parts.items():
         lines.append(f"  {name:12} {gib(value):>12}")
@@ -271,6 +336,7 @@ def plan_summary(plan: Plan) -> str:
     lines.append(f"  {'peak':12} {gib(plan.peak_bytes):>12}  of {gib(plan.device.capacity_bytes)}: {verdict}")
     lines.append(f"  largest batch at cutoff_len {plan.cutoff_len}: {plan.largest_batch or 'none'}; largest "
                  f"cutoff_len at batch {plan.batch_size}: {plan.largest_cutoff or 'none'}")
+    lines.append(f"  fewest ranks of this device that fit, per strategy: {plan.smallest_setup}")
     lines.extend(f"  try: {hint}" for hint in plan.advice)
     return "\n".join(lines)
 

@@ -9,7 +9,7 @@ from typing import Any
 from gemmaforge.config import RunConfig
 from gemmaforge.console import console, escape
 from gemmaforge.data.prepare import read_prepared
-from gemmaforge.distributed import gather, is_main_process
+from gemmaforge.distributed import gather, is_main_process, world_size, writes_per_node
 from gemmaforge.errors import StageError, UserError
 from gemmaforge.families import Family
 from gemmaforge.models import ResolvedModel, load_tokenizer
@@ -19,12 +19,18 @@ from gemmaforge.system.monitor import DeviceMonitor
 from gemmaforge.system.sdpa_probe import attention_finding
 from gemmaforge.templates import hf_chat_template
 from gemmaforge.train.callbacks import MetricsCallback, TrainingProgress
-from gemmaforge.train.checkpoints import CompleteMarker, keep_metrics_until, last_complete_checkpoint
+from gemmaforge.train.checkpoints import (
+    CompleteMarker,
+    complete_steps,
+    keep_metrics_until,
+    last_complete_checkpoint,
+)
 from gemmaforge.train.collate import RightPadCollator, tokenize_conversations
 from gemmaforge.train.loss import NonFiniteLoss, SupervisedLossTrainer
 from gemmaforge.train.memory_plan import Plan, Planner, plan_summary, this_device
 from gemmaforge.train.packing import PackedCollator, pack_examples
 from gemmaforge.train.preflight import preflight
+from gemmaforge.train.sharding import check_strategy, full_trainable_state, planned_as, show_tied_embedding
 from gemmaforge.train.troubleshoot import (
     StepClock,
     diagnose_non_finite,
@@ -76,6 +82,7 @@ def training_arguments(config: RunConfig, run: RunDir, precision: str, has_val: 
         prediction_loss_only=True,
         dataloader_pin_memory=False,
         use_cpu=not torch.cuda.is_available(),
+        save_on_each_node=writes_per_node(),  # nodes that do not share the run directory each keep checkpoints
     )
 
 
@@ -116,6 +123,11 @@ def train(run: RunDir, config: RunConfig, base: ResolvedModel) -> dict[str, Any]
 
     family = base.family
     precision = preflight(config, base)
+    sharding = check_strategy()
+    if writes_per_node() and sharding not in ("single", "ddp"):
+        raise UserError(f"{sharding} writes each checkpoint as shards from every rank, which one node alone cannot "
+                        f"resume from, and the nodes do not share {run.root}: give every node the same run "
+                        "directory (a shared filesystem), or train with DDP (examples/distributed/ddp.yaml)")
     tokenizer = load_tokenizer(base.path)
     tokenizer.chat_template = hf_chat_template(family)
     cutoff = config.train.cutoff_len
@@ -134,10 +146,12 @@ def train(run: RunDir, config: RunConfig, base: ResolvedModel) -> dict[str, Any]
     else:
         train_set, val_set, collator = train_rows, val_rows, RightPadCollator(tokenizer.pad_token_id)
 
-    plan = check_memory(config, base, precision)
+    plan = check_memory(config, base, precision, sharding)
     model = build_peft_model(config, base, tokenizer, precision)
     args = training_arguments(config, run, precision, has_val=bool(val_rows))
-    resume = last_complete_checkpoint(run.checkpoints_dir, delete_incomplete=is_main_process())
+    if sharding == "fsdp2":
+        show_tied_embedding(model)
+    resume = common_checkpoint(run)
     resumed_step = int(resume.name.split("-")[1]) if resume else None
     if resume:
         console.print(f"[bold]train[/]: resuming from {resume.name} (step {resumed_step}), "
@@ -181,13 +195,14 @@ def train(run: RunDir, config: RunConfig, base: ResolvedModel) -> dict[str, Any]
     if val_rows and (not evals or evals[-1]["step"] != result.global_step or config.train.load_best_model_at_end):
         evals.append(trainer.evaluate())  # of the restored best model when load_best_model_at_end
     final_eval = evals[-1] if evals else {}
-    checksums = gather(adapter_checksum(model))
+    adapter = full_trainable_state(model)  # gathered from the shards of a sharded run
+    checksums = gather(adapter_checksum(adapter))
     if len(set(checksums)) != 1:
         raise StageError(f"the {len(checksums)} ranks finished with different adapters ({checksums}): "
                          "gradients were not synchronised")
     if is_main_process():
         with atomic_dir(run.adapter_dir) as tmp:
-            model.save_pretrained(tmp)
+            model.save_pretrained(tmp, state_dict=adapter)
             tokenizer.save_pretrained(tmp)
     # what this process's loop trained (a resumed run trained only the steps after its checkpoint), all ranks
     examples, supervised = (sum(counts)
@@ -218,8 +233,20 @@ def train(run: RunDir, config: RunConfig, base: ResolvedModel) -> dict[str, Any]
         "monitor_problems": trainer.monitor.problems,
         "lora_targets": lora_targets(config, base),
         "world_size": len(checksums),
+        "strategy": sharding,
         "adapter_checksum": checksums[0],
     }
+
+
+def common_checkpoint(run: RunDir) -> Any:
+    """The newest complete checkpoint every rank can resume from: the same folder when the run directory is
+    shared; with one run directory per node, a node killed mid-save may lack the others' newest one."""
+    resume = last_complete_checkpoint(run.checkpoints_dir, delete_incomplete=is_main_process())
+    if not writes_per_node():
+        return resume
+    steps = [set(found) for found in gather(complete_steps(run.checkpoints_dir))]
+    common = set.intersection(*steps)
+    return run.checkpoints_dir / f"checkpoint-{max(common)}" if common else None
 
 
 def slow_steps(clock: StepClock, padding_share: float, config: RunConfig, base: ResolvedModel, family: Family,
@@ -232,11 +259,11 @@ def slow_steps(clock: StepClock, padding_share: float, config: RunConfig, base: 
         return [f"the slow-step diagnosis failed ({type(exc).__name__}: {exc})"]
 
 
-def check_memory(config: RunConfig, base: ResolvedModel, precision: str) -> Plan | None:
-    """The memory plan for this device; a config that cannot fit is refused before the model loads. With
-    train.check_memory=false a planner that fails only costs the plan (None)."""
+def check_memory(config: RunConfig, base: ResolvedModel, precision: str, sharding: str) -> Plan | None:
+    """The memory plan for one rank on this device; a config that cannot fit is refused before the model loads.
+    With train.check_memory=false a planner that fails only costs the plan (None)."""
     try:
-        plan = Planner(config, base, precision, this_device()).plan()
+        plan = Planner(config, base, precision, this_device(), world_size(), planned_as(sharding)).plan()
     except Exception as exc:  # re-raised unless the user asked to train regardless of the plan
         if config.train.check_memory:
             raise
@@ -256,13 +283,12 @@ def head_dim(base: ResolvedModel) -> int:
     return text.get("head_dim") or text["hidden_size"] // text["num_attention_heads"]
 
 
-def adapter_checksum(model: Any) -> str:
+def adapter_checksum(adapter: dict[str, Any]) -> str:
     """A digest of every trainable tensor: equal on every rank when data-parallel training synchronised."""
     import hashlib
 
     digest = hashlib.sha256()
-    for name, param in sorted(model.named_parameters()):
-        if param.requires_grad:
-            digest.update(name.encode())
-            digest.update(param.detach().float().cpu().numpy().tobytes())
+    for name, tensor in sorted(adapter.items()):
+        digest.update(name.encode())
+        digest.update(tensor.float().numpy().tobytes())
     return digest.hexdigest()[:16]

@@ -235,7 +235,7 @@ def test_train_refuses_a_config_that_cannot_fit(tmp_path: Path, tiny_gemma3_dir:
 def test_check_memory_false_plans_and_goes_on(tiny_gemma3_dir: Path, tmp_path: Path, monkeypatch) -> None:
     monkeypatch.setattr("gemmaforge.train.trainer.this_device", lambda: tiny_cpu(500 * 2**20))
     config = run_config(train={"per_device_train_batch_size": 64, "cutoff_len": 1024, "check_memory": False})
-    plan = check_memory(config, resolve_model(str(tiny_gemma3_dir), tmp_path), "fp32")
+    plan = check_memory(config, resolve_model(str(tiny_gemma3_dir), tmp_path), "fp32", "single")
     assert not plan.fits and plan.advice
 
 
@@ -245,8 +245,8 @@ def test_a_failing_planner_stops_train_unless_check_memory_is_false(monkeypatch)
 
     monkeypatch.setattr("gemmaforge.train.trainer.Planner", broken)
     with pytest.raises(ValueError, match="no config.json"):
-        check_memory(run_config(), None, "fp32")
-    assert check_memory(run_config(train={"check_memory": False}), None, "fp32") is None
+        check_memory(run_config(), None, "fp32", "single")
+    assert check_memory(run_config(train={"check_memory": False}), None, "fp32", "single") is None
 
 
 def test_the_tensor_tracker_counts_what_lives() -> None:

@@ -17,17 +17,7 @@ import torch
 from gemmaforge.cli import main
 from gemmaforge.runs import RunDir
 from gemmaforge.train.checkpoints import MARKER
-from tests.helpers import run_config, write_config
-
-
-def manifest_train(run: Path) -> dict:
-    return json.loads((run / "manifest.json").read_text())["stages"]["train"]
-
-
-def adapter_tensors(run: Path) -> dict[str, torch.Tensor]:
-    from safetensors.torch import load_file
-
-    return load_file(run / "adapter" / "adapter_model.safetensors")
+from tests.helpers import adapter_tensors, manifest_train, run_config, write_config
 
 
 def test_sigkill_then_same_command_resumes_from_the_last_complete_checkpoint(tmp_path: Path, tiny_gemma3_dir) -> None:
@@ -215,44 +205,6 @@ def test_tiny_gemma4_learns_with_gradient_checkpointing() -> None:
     # learning: -0.28 over 30 steps on an AVX512 host, -0.3 on an AVX2 one; broken: 10-16
     assert with_checkpointing[-1] < with_checkpointing[0] - 0.2, with_checkpointing
     assert with_checkpointing == pytest.approx(without, rel=1e-4)
-
-
-def metrics(run: Path) -> list[dict]:
-    return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
-
-
-def test_two_cpu_processes_train_what_one_process_trains(tmp_path: Path, tiny_gemma3_dir) -> None:
-    """torchrun with 2 gloo ranks of 2 packed rows runs the unchanged command and trains what one process
-    trains on the same 4 rows per step: the loss is normalised by the supervised tokens of the whole step
-    across ranks. Stated tolerances (measured): per-step loss 1e-5 relative (1.6e-7), gradient norm 1e-2
-    (8e-5, then 9e-4), evaluation loss 1e-4 (3.8e-5), each adapter tensor 0.1 in relative Frobenius norm
-    (at most 0.05: Adam's first steps move a weight by about lr whatever its gradient's size, so a
-    near-zero gradient whose sign depends on the order of float sums moves it the other way)."""
-    for name in ("two", "one"):
-        (tmp_path / name).mkdir()
-    common = {"max_steps": 2, "save_steps": 2, "eval_strategy": "steps"}
-    two = write_config(tmp_path / "two", tiny_gemma3_dir, per_device_train_batch_size=2, **common)
-    one = write_config(tmp_path / "one", tiny_gemma3_dir, per_device_train_batch_size=4, **common)
-    env = {**os.environ, "PYTHONWARNINGS": "ignore", "OMP_NUM_THREADS": "1"}
-    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29533",
-               "-m", "gemmaforge", "train", str(two)]
-    proc = subprocess.run(command, env=env, capture_output=True, text=True, timeout=900, check=False)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    record = manifest_train(tmp_path / "two" / "run")
-    assert record["world_size"] == 2 and record["steps"] == 2 and len(record["adapter_checksum"]) == 16
-    assert main(["train", str(one)]) == 0
-    logs = {name: metrics(tmp_path / name / "run") for name in ("two", "one")}
-    steps = [[log for log in logs[name] if "loss" in log] for name in ("two", "one")]
-    assert [log["step"] for log in steps[0]] == [log["step"] for log in steps[1]] == [1, 2]
-    for together, alone in zip(*steps):
-        assert together["loss"] == pytest.approx(alone["loss"], rel=1e-5)
-        assert together["grad_norm"] == pytest.approx(alone["grad_norm"], rel=1e-2)
-    evals = [next(log["eval_loss"] for log in logs[name] if "eval_loss" in log) for name in ("two", "one")]
-    assert evals[0] == pytest.approx(evals[1], rel=1e-4)
-    together, alone = adapter_tensors(tmp_path / "two" / "run"), adapter_tensors(tmp_path / "one" / "run")
-    assert together.keys() == alone.keys()
-    for name, tensor in alone.items():
-        assert (together[name] - tensor).norm() <= 0.1 * tensor.norm(), name
 
 
 def test_gemma2_trains_with_eager_attention(text_checkpoint_of, tiny_gemma3_dir: Path, tmp_path: Path) -> None:
