@@ -211,12 +211,13 @@ def test_split_export_is_verified_and_kept_from_ollama(tiny_run: tuple[Path, str
 
 def test_a_bf16_base_merges_into_bf16_weights(tmp_path: Path, tiny_gemma3_dir: Path,
                                               monkeypatch: pytest.MonkeyPatch) -> None:
-    """README (`gemmaforge merge`): the merge adds in fp32 and stores the base's own dtype (half the size of fp32
-    for a bf16 base): the merged bf16 weights are, bit for bit, an fp32 merge cast to bf16. Its shards are
-    at most 5 GB, as the Hub's."""
+    """README (`gemmaforge merge`): the merge loads the base in its own dtype, adds each adapted weight in fp32
+    (the rest of the model stays bf16 meanwhile) and stores bf16: the merged bf16 weights are, bit for bit, an
+    fp32 merge cast to bf16. Its shards are at most 5 GB, as the Hub's."""
     import shutil
 
-    from peft import LoraModel, PeftModel
+    from peft import PeftModel
+    from peft.tuners.lora import Linear as LoraLinear
     from transformers import AutoModelForCausalLM, PreTrainedModel
     from transformers.utils.hub import convert_file_size_to_int
 
@@ -228,20 +229,21 @@ def test_a_bf16_base_merges_into_bf16_weights(tmp_path: Path, tiny_gemma3_dir: P
     config = write_config(tmp_path, base, max_steps=1, save_steps=1, eval_strategy="no")
     assert main(["train", str(config), "eval.enabled=false"]) == 0
     added_in, shard_sizes = [], []
-    merge_and_unload, save = LoraModel.merge_and_unload, PreTrainedModel.save_pretrained
+    merge_layer, save = LoraLinear.merge, PreTrainedModel.save_pretrained
 
-    def recorded_merge(model, *args, **kwargs):
-        added_in.append({p.dtype for name, p in model.named_parameters() if ".base_layer." in name})
-        return merge_and_unload(model, *args, **kwargs)
+    def recorded_merge(layer, *args, **kwargs):
+        if not layer.merged:  # merge_and_unload asks again once all are merged: nothing is added then
+            added_in.append(layer.get_base_layer().weight.dtype)
+        return merge_layer(layer, *args, **kwargs)
 
     def recorded_save(model, *args, **kwargs):
         shard_sizes.append(kwargs.get("max_shard_size"))
         return save(model, *args, **kwargs)
 
-    monkeypatch.setattr(LoraModel, "merge_and_unload", recorded_merge)
+    monkeypatch.setattr(LoraLinear, "merge", recorded_merge)
     monkeypatch.setattr(PreTrainedModel, "save_pretrained", recorded_save)
     assert main(["merge", str(tmp_path / "run")]) == 0
-    assert added_in == [{torch.float32}]  # the base weights the LoRA deltas are added to
+    assert added_in and set(added_in) == {torch.float32}  # each weight a LoRA delta is added to, one at a time
     assert [convert_file_size_to_int(size) for size in shard_sizes] == [5 * 10**9]
     merged = load_file(tmp_path / "run" / "merged" / "model.safetensors")
     assert {t.dtype for t in merged.values()} == {torch.bfloat16}
