@@ -1,6 +1,6 @@
 """The memory planner per rank for the real large Gemma checkpoints: which GPUs, how many, and which strategy.
 
-    python benchmarks/distributed_plan.py [--cutoff 2048] [--batch 1] [--markdown]
+    python benchmarks/distributed_plan.py [--cutoff 2048] [--batch 1] [--only "Gemma 3 27B"]
 
 Each checkpoint is its real config.json (sizes below, from the sources named in tests/checkpoint_kinds.py) written
 beside the embedded model's tokenizer; nothing is downloaded and no weight is allocated: the planner builds the
@@ -90,6 +90,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--cutoff", type=int, default=2048)
     parser.add_argument("--batch", type=int, default=1)
+    parser.add_argument("--only", choices=CHECKPOINTS, action="append", help="these checkpoints only")
     args = parser.parse_args()
 
     from gemmaforge.config import RunConfig
@@ -101,7 +102,7 @@ def main() -> None:
     tokenizer_dir = resolve_model(EMBEDDED_NAME, default_home()).path
     print(f"LoRA r 16, bf16, gradient checkpointing, {args.batch} x {args.cutoff} tokens per rank; peak per rank\n")
     with tempfile.TemporaryDirectory() as work:
-        for name in CHECKPOINTS:
+        for name in args.only or CHECKPOINTS:
             folder = write_checkpoint(name, Path(work) / name.replace(" ", "-"), tokenizer_dir)
             base = resolve_model(str(folder), Path(work) / "home")
             config = RunConfig.model_validate({

@@ -73,24 +73,32 @@ def load_tokenizer(model_dir: Path) -> Any:
     return AutoTokenizer.from_pretrained(model_dir)
 
 
-def load_causal_lm(model_dir: Path, spec: ModelSpec, dtype: Any = None, load_in_4bit: bool = False) -> Any:
+def load_causal_lm(model_dir: Path, spec: ModelSpec, dtype: Any = None, load_in_4bit: bool = False,
+                   shard_4bit: bool = False) -> Any:
     """The whole checkpoint (towers included) as the class its config names, in `dtype`; with load_in_4bit its
     linear weights as NF4 (QLoRA; needs a GPU and bitsandbytes, checked by train/preflight.py), computing in
-    `dtype`. Every supported class is a generating LM whose `.model` returns the text's hidden states."""
+    `dtype`, on this rank's GPU. Every supported class is a generating LM whose `.model` returns the text's
+    hidden states."""
     import torch
     import transformers
-    from transformers import BitsAndBytesConfig
 
-    quantization = BitsAndBytesConfig(
-        load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
-        bnb_4bit_compute_dtype=dtype or torch.float32,
-    ) if load_in_4bit else None
     model_class = getattr(transformers, spec.architecture.name)
     attention = text_attention(spec.multimodal, spec.family.attn_implementation)
     return model_class.from_pretrained(
         model_dir, dtype=dtype or torch.float32, attn_implementation=attention,
-        quantization_config=quantization, device_map={"": 0} if load_in_4bit else None,
+        quantization_config=four_bit_config(dtype or torch.float32, shard_4bit) if load_in_4bit else None,
+        device_map={"": int(os.environ.get("LOCAL_RANK", "0"))} if load_in_4bit else None,
     )
+
+
+def four_bit_config(dtype: Any, shard: bool) -> Any:
+    """NF4 with double quantization, computing in `dtype`. Sharded (FSDP2), the packed 4-bit values are stored
+    in `dtype` too: FSDP shards floating-point parameters only."""
+    import torch
+    from transformers import BitsAndBytesConfig
+
+    return BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
+                              bnb_4bit_compute_dtype=dtype, bnb_4bit_quant_storage=dtype if shard else torch.uint8)
 
 
 def text_attention(multimodal: bool, implementation: str) -> str | dict[str, str]:

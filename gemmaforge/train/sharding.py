@@ -31,12 +31,16 @@ def strategy() -> str:
     return "ddp" if world_size() > 1 else "single"
 
 
-def check_strategy() -> str:
+def check_strategy(load_in_4bit: bool = False) -> str:
     """The launcher's strategy, refused with the fix when gemmaforge cannot train under it."""
     chosen = strategy()
     if chosen.startswith("fsdp") and chosen != "fsdp2":
         raise UserError(f"the accelerate config asks for FSDP version {chosen[4:]}; gemmaforge trains with FSDP2: "
                         "set fsdp_version: 2 in its fsdp_config (examples/distributed/fsdp2.yaml)")
+    if load_in_4bit and chosen == "deepspeed-zero3":
+        raise UserError("model.load_in_4bit (QLoRA) with DeepSpeed ZeRO-3: gemmaforge loads the 4-bit model on each "
+                        "rank's GPU before DeepSpeed starts, and ZeRO-3 would have to partition it while it loads; "
+                        "use examples/distributed/fsdp2.yaml (it shards the 4-bit weights) or deepspeed_zero2.yaml")
     return chosen
 
 

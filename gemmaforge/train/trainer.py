@@ -123,7 +123,7 @@ def train(run: RunDir, config: RunConfig, base: ResolvedModel) -> dict[str, Any]
 
     family = base.family
     precision = preflight(config, base)
-    sharding = check_strategy()
+    sharding = check_strategy(config.model.load_in_4bit)
     if writes_per_node() and sharding not in ("single", "ddp"):
         raise UserError(f"{sharding} writes each checkpoint as shards from every rank, which one node alone cannot "
                         f"resume from, and the nodes do not share {run.root}: give every node the same run "

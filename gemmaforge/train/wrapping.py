@@ -13,6 +13,7 @@ from gemmaforge.train import packed_attention
 from gemmaforge.train.dropout import use_byte_mask_dropout
 from gemmaforge.train.geglu import use_recomputed_gelu
 from gemmaforge.train.lora_targets import resolve_lora_parameters, resolve_lora_targets
+from gemmaforge.train.sharding import strategy
 from gemmaforge.train.template_tokens import use_sparse_template_tokens
 
 
@@ -30,7 +31,8 @@ def build_peft_model(config: RunConfig, base: ResolvedModel, tokenizer: Any, pre
 
     set_seed(config.train.seed)  # the LoRA initialisation draws from the global RNG: same config, same run
     dtype = torch.bfloat16 if precision == "bf16" else torch.float32
-    model = load_causal_lm(base.path, base.spec, dtype, load_in_4bit=config.model.load_in_4bit)
+    model = load_causal_lm(base.path, base.spec, dtype, load_in_4bit=config.model.load_in_4bit,
+                           shard_4bit=strategy() == "fsdp2")
     token_ids = template_token_ids(tokenizer, base.family) if config.lora.train_template_tokens else None
     return wrap_for_training(model, config, base.family, lora_targets(config, base), token_ids)
 

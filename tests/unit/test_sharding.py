@@ -133,3 +133,25 @@ def test_plan_verb_refuses_bad_rank_counts_and_strategies(capsys: pytest.Capture
     assert "--nproc 0: expected 1 or more processes" in capsys.readouterr().err
     assert main(["plan", str(QUICKSTART), "--strategy", "zero4"]) == 2
     assert "invalid choice: 'zero4'" in capsys.readouterr().err
+
+
+def test_qlora_under_fsdp2_stores_the_4_bit_weights_in_the_compute_dtype() -> None:
+    """FSDP shards floating-point parameters only: sharded, the packed NF4 values are stored in bf16."""
+    import torch
+
+    from gemmaforge.models import four_bit_config
+
+    sharded, alone = four_bit_config(torch.bfloat16, shard=True), four_bit_config(torch.bfloat16, shard=False)
+    assert sharded.bnb_4bit_quant_storage == torch.bfloat16 and alone.bnb_4bit_quant_storage == torch.uint8
+    assert sharded.bnb_4bit_compute_dtype == alone.bnb_4bit_compute_dtype == torch.bfloat16
+    assert sharded.load_in_4bit and sharded.bnb_4bit_quant_type == "nf4" and sharded.bnb_4bit_use_double_quant
+
+
+def test_qlora_with_zero3_is_refused_with_the_alternatives(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ACCELERATE_USE_DEEPSPEED", "true")
+    monkeypatch.setenv("ACCELERATE_DEEPSPEED_ZERO_STAGE", "3")
+    assert check_strategy(load_in_4bit=False) == "deepspeed-zero3"
+    with pytest.raises(UserError, match="QLoRA.*ZeRO-3.*fsdp2.yaml.*deepspeed_zero2.yaml"):
+        check_strategy(load_in_4bit=True)
+    monkeypatch.setenv("ACCELERATE_DEEPSPEED_ZERO_STAGE", "2")
+    assert check_strategy(load_in_4bit=True) == "deepspeed-zero2"
