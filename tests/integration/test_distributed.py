@@ -140,20 +140,20 @@ def test_two_nodes_without_a_shared_run_directory_survive_a_killed_node(tmp_path
     """Two nodes on localhost, each in its own working directory with `output_dir: run` and its own copy of the
     dataset: rank 0's probe finds the run directory not shared, so each node prepares the data (checked equal),
     keeps its checkpoints and writes the adapter. Node 1 is killed (SIGKILL, the whole process group) after its
-    step-6 checkpoint; node 0's rank then fails on its next collective. The same command on both resumes from the
+    step-4 checkpoint; node 0's rank then fails on its next collective. The same command on both resumes from the
     newest checkpoint both have, and both nodes finish with the same adapter as a one-process run of the same
     4 rows per step (tolerances as for the recipes above)."""
     nodes = [tmp_path / "node0", tmp_path / "node1"]
     for folder in nodes:
         folder.mkdir()
-        config_path = write_config(folder, tiny_gemma3_dir, per_device_train_batch_size=2, max_steps=16, save_steps=2,
+        config_path = write_config(folder, tiny_gemma3_dir, per_device_train_batch_size=2, max_steps=10, save_steps=2,
                                    eval_strategy="no")
         config = yaml.safe_load(config_path.read_text())
         config["output_dir"], config["data"]["path"] = "run", "data.json"  # each node's own files
         config_path.write_text(yaml.safe_dump(config))
     port = free_port()
     first = start_nodes(nodes, port)
-    marker = nodes[1] / "run" / "checkpoints" / "checkpoint-6" / MARKER
+    marker = nodes[1] / "run" / "checkpoints" / "checkpoint-4" / MARKER
     deadline = time.monotonic() + 600
     while not marker.is_file() and time.monotonic() < deadline and first[1].poll() is None:
         time.sleep(0.2)
@@ -168,19 +168,19 @@ def test_two_nodes_without_a_shared_run_directory_survive_a_killed_node(tmp_path
         assert proc.wait(timeout=900) == 0, (folder / "log.txt").read_text()[-3000:]
     records = [manifest_train(folder / "run") for folder in nodes]
     for record in records:
-        assert record["status"] == "done" and record["world_size"] == 2 and record["steps"] == 16
-        assert 6 <= record["resumed_from_step"] < 16
+        assert record["status"] == "done" and record["world_size"] == 2 and record["steps"] == 10
+        assert 4 <= record["resumed_from_step"] < 10
     assert records[0]["resumed_from_step"] == records[1]["resumed_from_step"]
     assert records[0]["adapter_checksum"] == records[1]["adapter_checksum"]
     data = [(folder / "run" / "data" / "train.jsonl").read_bytes() for folder in nodes]
     assert data[0] == data[1]
     assert (nodes[0] / "run" / "adapter" / "adapter_model.safetensors").read_bytes() == \
         (nodes[1] / "run" / "adapter" / "adapter_model.safetensors").read_bytes()
-    assert [log["step"] for log in metrics(nodes[1] / "run") if "loss" in log] == list(range(1, 17))
+    assert [log["step"] for log in metrics(nodes[1] / "run") if "loss" in log] == list(range(1, 11))
 
     (tmp_path / "one").mkdir()
-    one = write_config(tmp_path / "one", tiny_gemma3_dir, per_device_train_batch_size=4, max_steps=16,
-                       save_steps=16, eval_strategy="no")
+    one = write_config(tmp_path / "one", tiny_gemma3_dir, per_device_train_batch_size=4, max_steps=10,
+                       save_steps=10, eval_strategy="no")
     assert main(["train", str(one)]) == 0
     alone = [log["loss"] for log in metrics(tmp_path / "one" / "run") if "loss" in log]
     together = [log["loss"] for log in metrics(nodes[0] / "run") if "loss" in log]

@@ -7,15 +7,19 @@ import json
 from pathlib import Path
 from types import SimpleNamespace
 
+import pytest
+
 from gemmaforge.train.callbacks import MetricsCallback
 
 
-def test_each_log_is_a_row_and_each_evaluation_redraws_the_plot(tmp_path: Path) -> None:
+def test_each_log_is_a_row_and_each_evaluation_redraws_the_plot(tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
     metrics, plot = tmp_path / "metrics.jsonl", tmp_path / "loss.png"
     callback = MetricsCallback(metrics, plot)
 
     def log(step: int, rank0: bool = True, **logs: float) -> None:
-        callback.on_log(None, SimpleNamespace(global_step=step, is_world_process_zero=rank0), None, logs=logs)
+        monkeypatch.setenv("RANK", "0" if rank0 else "1")  # the writer of the run directory is rank 0
+        callback.on_log(None, SimpleNamespace(global_step=step), None, logs=logs)
 
     log(1, loss=4.0, learning_rate=1e-3)
     log(2, loss=3.5)
