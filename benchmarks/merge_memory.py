@@ -9,19 +9,26 @@ default targets with the chat-marker rows. Each step runs in its own process (an
 resident memory is getrusage's ru_maxrss (mapped checkpoint pages included) and its peak anonymous memory is
 RssAnon sampled every 20 ms (what it allocated):
   * whole fp32: the merge as gemmaforge did it before (the base loaded in fp32, merged, cast back);
-  * merge: gemmaforge's merge_in_fp32 (the base in its own dtype, one adapted weight in fp32 at a time), saved;
-  * gguf f16: gemmaforge's streaming GGUF writer on the merged folder.
+  * merge in place: gemmaforge's merge (the base's files copied, each adapted module's weights read, merged in
+    fp32 and written back in place, one module at a time);
+  * gguf f16: gemmaforge's streaming GGUF writer on the merged folder;
+  * then both merges again in a memory cgroup holding RAM (anonymous memory and page cache) to half the model's
+    bf16 size: a model larger than the machine's RAM (needs root; skipped otherwise).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import filecmp
 import json
+import os
 import shutil
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -56,14 +63,14 @@ model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(base, dty
 model.merge_and_unload().to(torch.bfloat16).save_pretrained(out, max_shard_size="5GB")
 """
 MERGE = """
-import sys, torch
+import shutil, sys, torch
 from pathlib import Path
-from peft import PeftModel
-from transformers import AutoModelForCausalLM
-from gemmaforge.export.merge import MAX_SHARD, merge_in_fp32
+from transformers import Gemma3ForCausalLM
+from gemmaforge.export.merge_in_place import merge_into_copy
 base, adapter, out = map(Path, sys.argv[1:4])
-model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(base, dtype=torch.bfloat16), adapter)
-merge_in_fp32(model).save_pretrained(out, max_shard_size=MAX_SHARD)
+out.mkdir()
+merge_into_copy(base, adapter, Gemma3ForCausalLM, torch.bfloat16, out)
+shutil.copyfile(base / "config.json", out / "config.json")
 """
 GGUF = """
 import sys
@@ -98,12 +105,61 @@ def build(size: str, work: Path) -> int:
     return parameters
 
 
-def measure(script: str, *args: Path) -> tuple[float, int, int]:
+def measure(script: str, *args: Path, cgroup: Path | None = None) -> tuple[float, int, int]:
+    """Seconds, peak RSS and peak anonymous memory of `script` in a child process, inside the memory `cgroup` when
+    one is given."""
+    def enter() -> None:
+        (cgroup / "cgroup.procs").write_text(str(os.getpid()))
+
     start = time.perf_counter()
     out = subprocess.run([sys.executable, "-c", SAMPLER + script + "\n" + REPORT, *map(str, args)], cwd=ROOT,
-                         check=True, capture_output=True, text=True).stdout
+                         check=True, capture_output=True, text=True, preexec_fn=enter if cgroup else None).stdout
     peaks = json.loads(out.strip().splitlines()[-1])
     return time.perf_counter() - start, peaks["peak_rss"], peaks["peak_anon"]
+
+
+@contextlib.contextmanager
+def memory_cgroup(limit: int) -> Iterator[Path | None]:
+    """A memory cgroup holding its processes' RAM (anonymous memory and page cache together) to `limit` bytes, as a
+    machine with that much RAM would; None where none can be made (cgroup v1 or v2, as root)."""
+    for root, limit_file in ((Path("/sys/fs/cgroup/memory"), "memory.limit_in_bytes"),
+                             (Path("/sys/fs/cgroup"), "memory.max")):
+        group = root / f"gemmaforge-merge-memory-{os.getpid()}"
+        try:
+            group.mkdir()
+        except OSError:
+            continue
+        try:
+            if (group / limit_file).exists():
+                (group / limit_file).write_text(str(limit))
+                yield group
+                return
+        finally:
+            group.rmdir()
+    yield None
+
+
+def merges_within_half_the_model(base: Path, adapter: Path, work: Path, parameters: int) -> str:
+    """Both merges again on a machine with half the model's bf16 size in RAM (a memory cgroup, no swap), and
+    whether the merge in place writes the very files it wrote with all the RAM."""
+    cap = parameters  # bytes: half of 2 bytes per parameter
+    with memory_cgroup(cap) as cgroup:
+        if cgroup is None:
+            return "RAM capped at half the model: skipped (no memory cgroup can be made here; needs root)"
+        outcomes, done = [], False
+        for name, script, out in (("whole fp32 merge", WHOLE_FP32, "fp32-capped"), ("merge in place", MERGE, "capped")):
+            try:
+                seconds, _, anon = measure(script, base, adapter, work / out, cgroup=cgroup)
+                outcomes.append(f"{name} done in {seconds:.1f} s, peak anonymous {anon / 2**30:.2f} GiB")
+                done = out == "capped"
+            except subprocess.CalledProcessError as error:
+                reason = f"exit {error.returncode}" + (" (killed: out of memory)" if error.returncode < 0 else "")
+                outcomes.append(f"{name} fails, {reason}")
+    if done:
+        same = all(filecmp.cmp(f, work / "capped" / f.name, shallow=False)
+                   for f in (work / "merged").glob("*.safetensors"))
+        outcomes.append(f"files identical to the merge with all the RAM: {same}")
+    return f"RAM capped at {cap / 2**30:.2f} GiB (a memory cgroup, half the bf16 model): " + "; ".join(outcomes)
 
 
 def main() -> None:
@@ -123,16 +179,18 @@ def main() -> None:
                                         check=True, capture_output=True, text=True).stdout.split()[-1])
         base, adapter = work / "base", work / "adapter"
         rows = [] if args.no_fp32 else [("whole fp32 (before)", *measure(WHOLE_FP32, base, adapter, work / "fp32"))]
-        rows.append(("merge (merge_in_fp32)", *measure(MERGE, base, adapter, work / "merged")))
+        rows.append(("merge in place", *measure(MERGE, base, adapter, work / "merged")))
         for file in ("tokenizer.json", "tokenizer_config.json"):  # as the merge stage saves them
             shutil.copy(base / file, work / "merged" / file)
         rows.append(("gguf f16 (streaming)", *measure(GGUF, work / "merged", work / "model-f16.gguf")))
+        capped = merges_within_half_the_model(base, adapter, work, parameters)
         print(f"{parameters / 1e9:.2f} B parameters, {2 * parameters / 2**30:.2f} GiB in bf16\n")
         print("| step | seconds | peak RSS | peak anonymous (RssAnon) | anonymous bytes per parameter |")
         print("|---|---|---|---|---|")
         for name, seconds, peak, anon in rows:
             print(f"| {name} | {seconds:.1f} | {peak / 2**30:.2f} GiB | {anon / 2**30:.2f} GiB | "
                   f"{anon / parameters:.2f} |")
+        print(f"\n{capped}")
 
 
 if __name__ == "__main__":

@@ -30,6 +30,7 @@ from gemmaforge.export.gguf_shards import gguf_file, gguf_parts, split_gguf_file
 from gemmaforge.export.gguf_vocab import Vocab, load_vocab
 from gemmaforge.export.quantize import K_QUANTS, llama_cpp_quantize, quantizer
 from gemmaforge.model_spec import ModelSpec, read_spec, text_weight_name
+from gemmaforge.system.memory import return_freed_memory
 
 QType = gguf.GGMLQuantizationType
 
@@ -432,4 +433,6 @@ def write_gguf(
             writer.write_tensor_data(data)
         for data in _converted(plan, family.gguf_norm_shift):
             writer.write_tensor_data(data)
+            del data
+            return_freed_memory()  # one tensor at a time stays one tensor in memory, not the file's size
     return gguf_parts(out_path)[0]

@@ -16,6 +16,20 @@ def resident_bytes() -> int:
     return pages * os.sysconf("SC_PAGE_SIZE")
 
 
+def return_freed_memory() -> None:
+    """Hand the heap's free pages back to the system (glibc's malloc_trim). After many tensors of a few MB are
+    freed, glibc keeps their pages for reuse (its mmap threshold rises to the largest block freed), so a loop
+    that allocates one weight at a time grows by the model's size without ever holding it; a no-op elsewhere."""
+    import ctypes
+    import ctypes.util
+
+    name = ctypes.util.find_library("c")
+    try:
+        ctypes.CDLL(name).malloc_trim(0)
+    except (OSError, AttributeError, TypeError):  # not glibc (musl, macOS, Windows)
+        pass
+
+
 def available_ram() -> int:
     """MemAvailable from /proc/meminfo (what can be used without swapping), else total memory."""
     try:

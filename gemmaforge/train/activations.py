@@ -15,12 +15,14 @@ library version keeps.
 from __future__ import annotations
 
 import contextlib
+import gc
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 from gemmaforge.config import RunConfig
 from gemmaforge.families import Family
+from gemmaforge.system.memory import return_freed_memory
 from gemmaforge.templates import IGNORE_INDEX
 
 PROBE_LENGTHS = (64, 128)
@@ -106,15 +108,17 @@ def profile_activations(model_config: Any, family: Family, config: RunConfig, dt
     if window and any("sliding" in kind for kind in distinct):  # every probe row longer than the window
         narrow = _probe_config(model_config, probe_kinds, PROBE_LENGTHS[0] // 2)
         beyond = _regime(*_traced(narrow, family, config, dtype, False, PROBE_LENGTHS), distinct)
-    (checkpointed,) = _traced(within_config, family, config, dtype, True, PROBE_LENGTHS[:1])
-    # checkpointed layers keep their input, saved as they are entered (outside any layer's hooks); every
-    # layer's input is the same hidden state, so each layer keeps an equal share
     t1 = PROBE_LENGTHS[0]
-    kept = max(0.0, (sum(checkpointed.values()) - short[None]) / len(probe_kinds) / t1)
     # one more layer of each kind: what grows outside the layers with their number
     (third,) = _traced(_probe_config(model_config, [*probe_kinds, *distinct], max(window or 0, PROBE_LENGTHS[-1])),
                        family, config, dtype, False, PROBE_LENGTHS[:1])
     per_layer = max(0.0, (third[None] - short[None]) / len(distinct) / t1)
+    # last: with gradient checkpointing some of the probe's memory outlives it (6 GB at Gemma 4 26B-A4B's width,
+    # held by torch), so no larger probe comes after it
+    (checkpointed,) = _traced(within_config, family, config, dtype, True, PROBE_LENGTHS[:1])
+    # checkpointed layers keep their input, saved as they are entered (outside any layer's hooks); every
+    # layer's input is the same hidden state, so each layer keeps an equal share
+    kept = max(0.0, (sum(checkpointed.values()) - short[None]) / len(probe_kinds) / t1)
     return ActivationProfile({kind: kinds.count(kind) for kind in distinct}, within, beyond, window, kept,
                              short[None] / t1, per_layer, len(probe_kinds))
 
@@ -140,7 +144,11 @@ def _traced(probe_config: Any, family: Family, config: RunConfig, dtype: Any, ch
             lengths: tuple[int, ...]) -> list[dict[int | None, float]]:
     """What one probe model keeps at each length."""
     model = _probe_model(probe_config, family, config, dtype, checkpointing)
-    return [_saved_bytes(model, n) for n in lengths]
+    traced = [_saved_bytes(model, n) for n in lengths]
+    del model  # one probe model at a time (4 GB at Gemma 4 31B's width): PEFT's wrappers hold reference
+    gc.collect()  # cycles, so the model goes with a collection, and its memory back to the system after it
+    return_freed_memory()
+    return traced
 
 
 def _probe_config(model_config: Any, kinds: list[str], window: int) -> Any:
@@ -214,13 +222,19 @@ def _saved_bytes(model: Any, tokens: int) -> dict[int | None, float]:
     params = {p.untyped_storage().data_ptr() for p in model.parameters()}
     seen: dict[int, tuple[int | None, int]] = {}
     current: list[int | None] = [None]
+    # What autograd saves is held here until the forward is counted, and the graph holds only its index: a pack
+    # hook that returns the tensor makes an op's saved output hold its own graph, a cycle through C++ that the
+    # garbage collector cannot see, and every probe model stayed in memory (16 GB after four at 27B width).
+    # Held to the end, no storage is freed and reused under an address counted already.
+    held: list[Any] = []
 
-    def keep(tensor: Any) -> Any:
+    def keep(tensor: Any) -> int:
         if isinstance(tensor, torch.Tensor) and tensor.device.type != "meta":
             storage = tensor.untyped_storage()
             if storage.data_ptr() not in params and storage.data_ptr() not in seen:
                 seen[storage.data_ptr()] = (current[0], storage.nbytes())
-        return tensor
+        held.append(tensor)
+        return len(held) - 1
 
     layers = _decoder_layers(model)
     handles = []
@@ -231,9 +245,10 @@ def _saved_bytes(model: Any, tokens: int) -> dict[int | None, float]:
     labels = ids.clone()
     labels[0, 0] = IGNORE_INDEX  # as a real row: the first token is never a target
     try:
-        with torch.autograd.graph.saved_tensors_hooks(keep, lambda t: t):
+        with torch.autograd.graph.saved_tensors_hooks(keep, held.__getitem__):
             model(input_ids=ids, labels=labels, position_ids=torch.arange(tokens)[None])
     finally:
+        held.clear()
         for handle in handles:
             handle.remove()
     totals: dict[int | None, float] = {None: 0.0, **{i: 0.0 for i in range(len(layers))}}

@@ -64,6 +64,22 @@ def test_the_probe_predicts_what_the_whole_model_keeps(family: str, checkpointin
                                       rel=0.03)
 
 
+@pytest.mark.parametrize("family", ["gemma3", "gemma4"])
+def test_a_probe_model_is_gone_once_it_is_traced(family: str) -> None:
+    """The planner builds several probe models (each 4 GB at Gemma 4 31B's width); a trace that kept one alive
+    (autograd's saved outputs holding their own graph, a cycle the garbage collector cannot see) stacked them
+    until a 24 GiB host ran out of memory."""
+    import gc
+    import weakref
+
+    model = activations._probe_model(tiny_config(family), FAMILIES[family], run_config(), torch.float32, False)
+    activations._saved_bytes(model, 64)
+    weights = [weakref.ref(p) for p in model.parameters()]
+    del model
+    gc.collect()
+    assert [w for w in weights if w() is not None] == []
+
+
 def test_checkpointing_keeps_a_small_share() -> None:
     profile = activations.profile_activations(tiny_config("gemma3"), FAMILIES["gemma3"], run_config(), torch.float32)
     assert profile.total(512, 512, True) < 0.25 * profile.total(512, 512, False)
