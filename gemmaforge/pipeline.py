@@ -16,6 +16,7 @@ from gemmaforge.export.gguf_shards import gguf_parts
 from gemmaforge.model_spec import read_spec
 from gemmaforge.models import ResolvedModel, resolve_model
 from gemmaforge.runs import RunDir
+from gemmaforge.vision import ImagePrompt
 
 
 def base_model(run: RunDir, config: RunConfig, home: Path) -> ResolvedModel:
@@ -34,9 +35,10 @@ def stage_data(run: RunDir, config: RunConfig, base: ResolvedModel) -> None:
 
     if is_main_process():  # the main rank prepares (one per node when nodes keep their own run directory)
         with run.stage("data") as record:
+            tokenizer = load_tokenizer(base.path)
             stats = prepare_data(
-                config.data, config.train.seed, run.data_dir, load_tokenizer(base.path), base.family,
-                config.train.cutoff_len
+                config.data, config.train.seed, run.data_dir, tokenizer, base.family, config.train.cutoff_len,
+                ImagePrompt.of(base.path, base.spec, tokenizer),
             )
             record.update({k: stats[k] for k in ("format", "records", "kept", "train", "val", "dropped", "changed")})
             record.update(train_sha256=stats["train_sha256"], val_sha256=stats["val_sha256"])

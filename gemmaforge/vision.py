@@ -95,21 +95,72 @@ class ImagePrompt:
             if settings.is_file() else 256  # Gemma3Processor's default
         return cls(spec, processor, tokenizer, count)
 
+    @classmethod
+    def of(cls, model_dir: Path, spec: ModelSpec, tokenizer: Any) -> tuple[ImagePrompt | None, str]:
+        """The checkpoint's ImagePrompt, or None and why it takes no images here."""
+        try:
+            return cls.load(model_dir, spec, tokenizer), ""
+        except ValueError as e:
+            return None, str(e)
+
     def expand(self, prompt: str, images: list[Any]) -> tuple[str, dict[str, Any]]:
         """`prompt` with each placeholder replaced by its image's tokens, and the images' model inputs (without
         the token types, which depend on the ids: see token_types). ValueError when the counts differ."""
         check_placeholders(prompt, self.placeholder, images)
-        parts = prompt.split(self.placeholder)
-        if self._soft != self.placeholder and self._soft in prompt:  # its features would not line up with them
-            raise ValueError(f"the prompt holds image tokens ({self._soft}) of its own")
+        inputs = self.pixel_inputs(images)
+        text, _ = self.expand_rendered(prompt, [], self.soft_token_counts([im.size for im in images]))
+        return text, inputs
+
+    def pixel_inputs(self, images: list[Any]) -> dict[str, Any]:
+        """The image processor's model inputs for `images` (PIL, RGB), as the full processor passes them on."""
         e = self._expansion
         inputs = dict(self._processor(images=images, return_tensors="pt", **dict(e.settings)))
-        counts = inputs.pop(e.per_image).tolist() if e.per_image else [self._fixed_count] * len(images)
+        if e.per_image:
+            inputs.pop(e.per_image)
         inputs.pop("num_crops", None)  # Gemma 3's pan-and-scan crops: off, as Gemma3Processor sets it
-        text = parts[0]
+        return inputs
+
+    def soft_token_counts(self, sizes: list[tuple[int, int]]) -> list[int]:
+        """Each image's soft-token count from its (width, height), as the image processor counts them: Gemma 3 a
+        fixed image_seq_length; Gemma 4 the patches of the aspect-preserving resize within max_soft_tokens,
+        pooled (its image processor's own size function)."""
+        if not self._expansion.per_image:
+            return [self._fixed_count] * len(sizes)
+        from transformers.models.gemma4.image_processing_pil_gemma4 import get_aspect_ratio_preserving_size
+
+        p, k = self._processor.patch_size, self._processor.pooling_kernel_size
+        counts = []
+        for width, height in sizes:
+            h, w = get_aspect_ratio_preserving_size(height, width, p, self._processor.max_soft_tokens * k * k, k) \
+                if getattr(self._processor, "do_resize", True) else (height, width)
+            counts.append((h // p) * (w // p) // (k * k))
+        return counts
+
+    def expand_rendered(self, text: str, spans: list[tuple[int, int]], counts: list[int]
+                        ) -> tuple[str, list[tuple[int, int]]]:
+        """A rendering with each placeholder replaced by its image's tokens (`counts` soft tokens each), and its
+        character spans moved to where their text now is."""
+        if self._soft != self.placeholder and self._soft in text:  # its features would not line up with them
+            raise ValueError(f"the prompt holds image tokens ({self._soft}) of its own")
+        parts = text.split(self.placeholder)
+        if len(parts) - 1 != len(counts):
+            raise ValueError(f"the prompt has {len(parts) - 1} image placeholder(s) ({self.placeholder}) for "
+                             f"{len(counts)} image(s)")
+        out, moves, at = parts[0], [], len(parts[0])  # moves: (original position, shift after it)
         for count, rest in zip(counts, parts[1:]):
-            text += f"{self._margin}{self._boi}{self._soft * int(count)}{self._eoi}{self._margin}{rest}"
-        return text, inputs
+            block = f"{self._margin}{self._boi}{self._soft * int(count)}{self._eoi}{self._margin}"
+            moves.append((at, len(block) - len(self.placeholder)))
+            out += block + rest
+            at += len(self.placeholder) + len(rest)
+
+        def moved(position: int) -> int:
+            return position + sum(shift for where, shift in moves if where < position)
+
+        return out, [(moved(start), moved(end)) for start, end in spans]
+
+    def image_token_ids(self, tokenizer: Any) -> set[int]:
+        """The ids an image's block is made of (never supervised)."""
+        return {tokenizer.convert_tokens_to_ids(t) for t in (self._boi, self._eoi, self._soft)}
 
     def token_types(self, ids: Any) -> dict[str, Any]:
         """The forward's token-type argument for `ids` (B, T): 1 on image soft tokens."""

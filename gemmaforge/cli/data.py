@@ -12,6 +12,7 @@ from gemmaforge.console import console
 from gemmaforge.errors import UserError
 from gemmaforge.families import FAMILIES
 from gemmaforge.models import ResolvedModel
+from gemmaforge.vision import ImagePrompt
 
 DATA_EPILOG = """formats: alpaca (instruction/input/output, optional system, history), sharegpt (conversations of
 from/value: human, gpt, system), openai (messages of role/content), in JSON, JSONL, CSV or Parquet; or a
@@ -82,7 +83,8 @@ def prepare(args: argparse.Namespace, home: Path) -> int:
     data = data_config_from(raw, args.overrides)
     output = args.output or Path("prepared") / (data.dataset[0] if data.dataset else args.input.stem)
     model, tokenizer = _tokenizer(args, home)
-    stats = prepare_data(data, args.seed, output, tokenizer, model.family, args.cutoff_len)
+    stats = prepare_data(data, args.seed, output, tokenizer, model.family, args.cutoff_len,
+                         ImagePrompt.of(model.path, model.spec, tokenizer))
     console.print(f"[green]data[/]: {summary_line(stats)} -> {output}")
     return 0
 

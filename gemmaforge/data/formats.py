@@ -7,6 +7,12 @@ history), sharegpt (`conversations` of from/value with human/gpt/system tags, an
 function_call holding the call as JSON, observation holding the result) and openai (`messages` of role/content,
 with OpenAI's assistant tool_calls and tool messages). A `tools` column (LLaMA-Factory's, OpenAI's fine-tuning
 files') lists the tools a conversation offers.
+
+Images (`record_images`): LLaMA-Factory's `images` column with one `<image>` in the text where each goes; OpenAI
+`image_url` content parts, and `{"type": "image"}` parts (the chat-template style) that take the next entry of the
+`images` column; a `file_name` column (Hugging Face's imagefolder metadata) whose one image opens the first user
+turn unless the text places it. The text keeps IMAGE_PLACEHOLDER where each image goes; data/images.py finds and
+checks the images.
 """
 
 from __future__ import annotations
@@ -20,6 +26,8 @@ from gemmaforge.templates import THOUGHT_CLOSE, THOUGHT_OPEN, Message, check_rol
 from gemmaforge.tool_text import Tool, ToolCall, normalize_call, normalize_tool
 
 Formatting = Literal["alpaca", "sharegpt", "openai"]
+IMAGE_PLACEHOLDER = "<image>"  # LLaMA-Factory's: where one of a record's images goes in its text
+IMAGEFOLDER_COLUMN = "file_name"  # Hugging Face's imagefolder metadata: the record's image beside the JSONL
 FORMATTINGS: tuple[Formatting, ...] = ("alpaca", "sharegpt", "openai")
 
 
@@ -43,6 +51,7 @@ class Schema:
     # both: a column holding the system prompt, and one holding the tools offered (a JSON list or its text)
     system: str | None = "system"
     tools: str | None = "tools"
+    images: str | None = "images"  # the record's images (paths, data URIs), in the order of their placeholders
 
     def describe(self) -> str:
         if self.formatting == "alpaca":
@@ -59,11 +68,11 @@ def default_schema(formatting: Formatting) -> Schema:
     return Schema(formatting)
 
 
-COLUMN_KEYS = ("prompt", "query", "response", "history", "messages", "system", "tools")
+COLUMN_KEYS = ("prompt", "query", "response", "history", "messages", "system", "tools", "images")
 TAG_KEYS = ("role_tag", "content_tag", "user_tag", "assistant_tag", "system_tag", "observation_tag", "function_tag")
-# LLaMA-Factory column keys for data we cannot train on (images, preference pairs).
+# LLaMA-Factory column keys for data we cannot train on (videos, audio, preference pairs).
 UNSUPPORTED_COLUMNS = {
-    "images": "multimodal data", "videos": "multimodal data", "audios": "multimodal data",
+    "videos": "video data", "audios": "audio data",
     "chosen": "preference (ranking) data", "rejected": "preference (ranking) data", "kto_tag": "KTO data",
 }
 
@@ -74,7 +83,8 @@ def schema_with(base: Schema, columns: dict[str, Any] | None, tags: dict[str, An
     for kind, mapping, allowed in (("columns", columns, COLUMN_KEYS), ("tags", tags, TAG_KEYS)):
         for key, value in (mapping or {}).items():
             if key in UNSUPPORTED_COLUMNS:
-                raise UserError(f"{where}: {kind}.{key}: {UNSUPPORTED_COLUMNS[key]} is not supported (text SFT only)")
+                raise UserError(f"{where}: {kind}.{key}: {UNSUPPORTED_COLUMNS[key]} is not supported (supervised "
+                                "fine-tuning on text and images only)")
             if key not in allowed:
                 raise UserError(f"{where}: {kind}.{key}: unknown key; expected one of: {', '.join(allowed)}")
             if value is not None and not isinstance(value, str):
@@ -200,11 +210,18 @@ def _turns(record: dict[str, Any], schema: Schema, where: str) -> list[Message]:
         calls = turn.get("tool_calls") if role == "assistant" else None  # OpenAI's shape
         if content is None and calls:
             content = ""
+        pictures: list[Any] = []
+        if isinstance(content, list):  # content parts: OpenAI's, and the chat templates' {"type": "image"}
+            content, pictures = _parts(content, f"{at}: {schema.content_tag}")
+            if pictures and role != "user":
+                raise UserError(f"{at}: a {tag} turn holds images; images go in user turns")
         if not isinstance(content, str):
             raise UserError(f"{at}: '{schema.content_tag}' is missing or not a string")
         if role == "system" and not content.strip() and not turn.get("tools"):
             continue  # an empty system prompt is no system prompt
         message: Message = {"role": role, "content": content}
+        if pictures:
+            message["images"] = pictures  # taken out again by record_images
         if calls:
             if not isinstance(calls, list):
                 raise UserError(f"{at}: tool_calls must be a list")
@@ -223,6 +240,68 @@ def _turns(record: dict[str, Any], schema: Schema, where: str) -> list[Message]:
             message["tools"] = _tools({"tools": turn["tools"]}, replace(schema, tools="tools"), at)
         messages.append(message)
     return messages
+
+
+def _parts(parts: list[Any], where: str) -> tuple[str, list[Any]]:
+    """Content parts as text with IMAGE_PLACEHOLDER where each image goes, and the images in that order: an
+    `image_url` part's URL ({"url": ...} or the URL itself), an `image` part's image, or None for an `image` part
+    without one (the next entry of the record's images column)."""
+    text, images = [], []
+    for j, part in enumerate(parts):
+        kind = part.get("type") if isinstance(part, dict) else None
+        if kind == "text" and isinstance(part.get("text"), str):
+            text.append(part["text"])
+            continue
+        if kind == "image_url":
+            url = part.get("image_url")
+            url = url.get("url") if isinstance(url, dict) else url
+            if not isinstance(url, str):
+                raise UserError(f"{where}[{j}]: expected image_url.url, a path or data URI")
+            images.append(url)
+        elif kind == "image":
+            images.append(part.get("image") or part.get("url") or part.get("path"))
+        else:
+            raise UserError(f"{where}[{j}]: expected a text part ({{'type': 'text', 'text': ...}}) or an image part "
+                            "(image_url, image)")
+        text.append(IMAGE_PLACEHOLDER)
+    return "".join(text), images
+
+
+def record_images(record: dict[str, Any], messages: list[Message], schema: Schema, where: str) -> list[Any]:
+    """The record's images in the order of the IMAGE_PLACEHOLDERs in `messages` (taken out of the messages that
+    carried them as content parts): each a path, URL or data URI as written, or a dict of embedded bytes (a
+    Parquet image). A `file_name` image with no placeholder opens the first user turn. The placeholders must
+    match the images in number."""
+    column = record.get(schema.images) if schema.images else None
+    if column is None and isinstance(record.get(IMAGEFOLDER_COLUMN), str):
+        column = [record[IMAGEFOLDER_COLUMN]]
+        if not any(IMAGE_PLACEHOLDER in m["content"] for m in messages):
+            first = next(m for m in messages if m["role"] == "user")
+            first["content"] = IMAGE_PLACEHOLDER + first["content"]
+    if isinstance(column, str | dict):
+        column = [column]
+    if column is not None and not isinstance(column, list):
+        raise UserError(f"{where}: field '{schema.images}' must be a list of image paths")
+    pending = list(column or [])
+    images: list[Any] = []
+    for message in messages:
+        for image in message.pop("images", ()):
+            if image is None:
+                if not pending:
+                    raise UserError(f"{where}: an image part without its image, and no image left in "
+                                    f"'{schema.images}' to take its place")
+                image = pending.pop(0)
+            images.append(image)
+    images += pending
+    if column is None and not images:
+        return []  # a text record: an <image> in its text is text
+    placed = sum(m["content"].count(IMAGE_PLACEHOLDER) for m in messages)
+    if placed != len(images):
+        raise UserError(f"{where}: {len(images)} image(s) but {placed} {IMAGE_PLACEHOLDER} placeholder(s) in the "
+                        f"text; write one {IMAGE_PLACEHOLDER} where each image goes")
+    if any(IMAGE_PLACEHOLDER in m["content"] for m in messages if m["role"] != "user"):
+        raise UserError(f"{where}: an {IMAGE_PLACEHOLDER} outside the user turns; images go in user turns")
+    return images
 
 
 def _function_call(content: Any, where: str) -> list[ToolCall]:

@@ -1,9 +1,9 @@
 """LLaMA-Factory data folders: `dataset_info.json` entries load unchanged.
 
 An entry names a local `file_name` (file or folder), a `formatting` (alpaca, sharegpt, openai) and
-optional `columns` / `tags` mappings; `num_samples` takes a seeded random subset. Hub and script
-entries cannot be read offline, and preference / multimodal entries are not text SFT: both are errors
-that say so.
+optional `columns` / `tags` mappings (an `images` column: image paths relative to the folder, as LLaMA-Factory's
+media_dir); `num_samples` takes a seeded random subset. Hub and script entries cannot be read offline, and
+preference, video and audio entries are not what gemmaforge trains: both are errors that say so.
 """
 
 from __future__ import annotations
@@ -31,6 +31,11 @@ class SourceSpec:
     schema: Schema | None
     label: str
     num_samples: int | None = None
+    media_dir: Path | None = None  # where relative image paths start (LLaMA-Factory: the dataset folder)
+
+    @property
+    def media(self) -> Path:
+        return self.media_dir or (self.path if self.path.is_dir() else self.path.parent)
 
 
 def is_dataset_dir(path: Path) -> bool:
@@ -87,7 +92,7 @@ def _entry(info_path: Path, name: str, info: dict[str, Any]) -> SourceSpec:
         if value is not None and not isinstance(value, dict):
             raise UserError(f"{where}: {key} must be an object")
     # LLaMA-Factory reads `system`, `history` and `tools` columns only when mapped.
-    base = replace(default_schema(formatting), system=None, history=None, tools=None)
+    base = replace(default_schema(formatting), system=None, history=None, tools=None, images=None)
     schema = schema_with(base, columns, tags if formatting != "alpaca" else None, where)
     num_samples = entry.get("num_samples")
     if num_samples is not None and (not isinstance(num_samples, int) or num_samples < 1):
@@ -95,4 +100,4 @@ def _entry(info_path: Path, name: str, info: dict[str, Any]) -> SourceSpec:
     path = info_path.parent / entry["file_name"]
     if not path.exists():
         raise UserError(f"{where}: file_name '{entry['file_name']}' not found in {info_path.parent}")
-    return SourceSpec(path, schema, f"{info_path.parent.name}/{name}", num_samples)
+    return SourceSpec(path, schema, f"{info_path.parent.name}/{name}", num_samples, info_path.parent)

@@ -28,16 +28,44 @@ from gemmaforge.config import DataConfig
 from gemmaforge.console import console
 from gemmaforge.data.clean import clean_messages
 from gemmaforge.data.dedup import Deduplicator
-from gemmaforge.data.formats import default_schema, detect_schema, schema_with, to_messages
+from gemmaforge.data.formats import (
+    IMAGE_PLACEHOLDER,
+    default_schema,
+    detect_schema,
+    record_images,
+    schema_with,
+    to_messages,
+)
+from gemmaforge.data.images import CheckedImage, ImageFinder
 from gemmaforge.data.llamafactory import SourceSpec, dataset_info_sources, is_dataset_dir
 from gemmaforge.data.sources import data_files, file_sha256, iter_records
 from gemmaforge.errors import UserError
 from gemmaforge.families import Family
 from gemmaforge.runs import atomic_write_text
 from gemmaforge.templates import Message, Rendered, check_features, has_content, render_conversation
+from gemmaforge.vision import ImagePrompt
 
 BATCH_SIZE = 512  # conversations tokenized per call: the fast tokenizer's batching amortises its overhead
 OUTPUTS = ("train.jsonl", "val.jsonl", "stats.json")
+IMAGES_DIR = "images"  # in the output folder: images that came inside the data (data URIs, Parquet bytes)
+
+
+@dataclass
+class Example:
+    """One conversation, and its images in the order of their placeholders."""
+
+    messages: list[Message]
+    images: list[CheckedImage] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Vision:
+    """How the model reads images: its ImagePrompt, or None and the reason; and where images that came inside the
+    data are written."""
+
+    prompt: ImagePrompt | None
+    reason: str
+    store: Path
 
 
 @dataclass
@@ -77,9 +105,12 @@ class Preparer:
     """Turns sources into cleaned, length-checked conversations written as JSON Lines."""
 
     def __init__(self, config: DataConfig, tokenizer: Any, family: Family, cutoff_len: int,
-                 progress: Callable[[int], None]):
+                 progress: Callable[[int], None], vision: Vision):
         self.config, self.tokenizer, self.family, self.cutoff_len = config, tokenizer, family, cutoff_len
         self.progress = progress
+        self.vision = vision
+        self.images = ImageFinder(vision.store)
+        self.with_images = 0  # conversations with images
         self.dedup = Deduplicator(config.clean.dedup, config.clean.near_dup_threshold)
         self.lengths: array[int] = array("I")
         self.with_tools = 0  # conversations that offer tools (a run trained on them serves tools)
@@ -88,15 +119,15 @@ class Preparer:
     def run(self, spec: SourceSpec, out: IO[str], seed: int) -> Tally:
         tally = Tally(spec.label, str(spec.path))
         schema = spec.schema
-        pending: list[list[Message]] = []
+        pending: list[Example] = []
         for where, record in self._records(spec, seed):
             if schema is None:
                 schema = detect_schema(record, where)
                 console.print(f"[bold]data[/]: {spec.path}: detected format {schema.describe()}")
             tally.records += 1
-            messages = self._convert(record, schema, where, tally)
-            if messages is not None:
-                pending.append(messages)
+            example = self._convert(record, schema, where, tally, spec.media)
+            if example is not None:
+                pending.append(example)
             if len(pending) >= BATCH_SIZE:
                 self._write_batch(pending, tally, out)
                 pending = []
@@ -115,10 +146,11 @@ class Preparer:
         chosen = sorted(random.Random(seed).sample(range(len(everything)), spec.num_samples))
         return iter([everything[i] for i in chosen])
 
-    def _convert(self, record: Any, schema: Any, where: str, tally: Tally) -> list[Message] | None:
+    def _convert(self, record: Any, schema: Any, where: str, tally: Tally, media: Path) -> Example | None:
         clean = self.config.clean
         messages = to_messages(record, schema, where, self.config.system)
         check_features(messages, self.family, where)
+        images = self._images(record, messages, schema, where, media)
         empty = next((m for m in messages if not has_content(m)), None)
         if empty is not None:
             if not clean.drop_empty:
@@ -133,24 +165,53 @@ class Preparer:
         if not all(map(has_content, messages)):
             tally.dropped["empty_after_cleaning"] += 1
             return None
-        verdict = self.dedup.check("\n".join(_dedup_text(m) for m in messages))
+        pictures = "".join(f"\n[image {image.sha256}]" for image in images)  # other pictures: other questions
+        verdict = self.dedup.check("\n".join(_dedup_text(m) for m in messages) + pictures)
         if verdict:
             tally.dropped[verdict] += 1
             return None
-        return messages
+        return Example(messages, images)
 
-    def _write_batch(self, batch: list[list[Message]], tally: Tally, out: IO[str]) -> None:
+    def _images(self, record: Any, messages: list[Message], schema: Any, where: str,
+                media: Path) -> list[CheckedImage]:
+        """The record's images, found and checked, with the family's image placeholder in the text."""
+        refs = record_images(record, messages, schema, where)
+        if not refs:
+            return []
+        if self.vision.prompt is None:
+            raise UserError(f"{where}: the record has images, but the model takes none ({self.vision.reason})")
+        images = [self.images.find(ref, media, f"{where}: image {i + 1}") for i, ref in enumerate(refs)]
+        placeholder = self.family.chat.image
+        for message in messages:
+            if placeholder in message["content"]:
+                raise UserError(f"{where}: the text holds {placeholder}, the model's own image marker; write "
+                                f"{IMAGE_PLACEHOLDER} where an image goes")
+            message["content"] = message["content"].replace(IMAGE_PLACEHOLDER, placeholder)
+        self.with_images += 1
+        return images
+
+    def _render(self, example: Example, **options: Any) -> Rendered:
+        """The conversation as training tokenizes it: each image's placeholder expanded into its tokens."""
+        rendered = render_conversation(example.messages, self.family, **options)
+        if not example.images:
+            return rendered
+        assert self.vision.prompt is not None  # _images refused images without it
+        counts = self.vision.prompt.soft_token_counts([(i.width, i.height) for i in example.images])
+        return Rendered(*self.vision.prompt.expand_rendered(rendered.text, rendered.supervised, counts))
+
+    def _write_batch(self, batch: list[Example], tally: Tally, out: IO[str]) -> None:
         if not batch:
             return
-        rendered = [render_conversation(m, self.family) for m in batch]
-        for messages, r, offsets in zip(batch, rendered, token_offsets(self.tokenizer, [r.text for r in rendered])):
+        rendered = [self._render(example) for example in batch]
+        for example, r, offsets in zip(batch, rendered, token_offsets(self.tokenizer, [r.text for r in rendered])):
+            messages = example.messages
             answer_tokens = count_in_spans(offsets, r.supervised) - len(r.supervised)  # less the end markers
             view: Rendered | None = r  # what training supervises
             if answer_tokens < self.config.clean.min_answer_tokens:
                 tally.dropped["too_short"] += 1
                 continue
             if len(offsets) > self.cutoff_len:
-                truncated = self._truncate(messages) if self.config.clean.overlong == "truncate" else None
+                truncated = self._truncate(example) if self.config.clean.overlong == "truncate" else None
                 if truncated is None:
                     tally.dropped["too_long"] += 1
                     continue
@@ -158,26 +219,30 @@ class Preparer:
                 messages, offsets = truncated
                 view = None
             if view is None or self.config.train_on_prompt or self.config.mask_history:
-                view = render_conversation(
-                    messages, self.family,
+                view = self._render(
+                    Example(messages, example.images),
                     train_on_prompt=self.config.train_on_prompt, mask_history=self.config.mask_history,
                 )
             self.lengths.append(len(offsets))
             self.supervised.append(count_in_spans(offsets, view.supervised))
-            out.write(json.dumps({"messages": messages}, ensure_ascii=False) + "\n")
+            line: dict[str, Any] = {"messages": messages}
+            if example.images:
+                line["images"] = [str(image.path) for image in example.images]
+            out.write(json.dumps(line, ensure_ascii=False) + "\n")
             tally.kept += 1
             self.with_tools += bool(messages[0].get("tools"))
 
-    def _truncate(self, messages: list[Message]) -> tuple[list[Message], list[tuple[int, int]]] | None:
+    def _truncate(self, example: Example) -> tuple[list[Message], list[tuple[int, int]]] | None:
         """Cut the last answer so the whole conversation fits cutoff_len tokens (its end-of-turn kept,
         so the model still learns to stop); None when the prompt alone leaves no room for an answer."""
+        messages = example.messages
         if messages[-1].get("tool_calls") or messages[-1].get("thinking"):
             return None  # only an answer's text is cut; its calls and thinking are whole or not at all
         answer = messages[-1]["content"].strip()
         keep = len(answer)
         while keep > 0:
             candidate = [*messages[:-1], {**messages[-1], "content": answer[:keep].strip()}]
-            rendered = render_conversation(candidate, self.family)
+            rendered = self._render(Example(candidate, example.images))
             (offsets,) = token_offsets(self.tokenizer, [rendered.text])
             if len(offsets) <= self.cutoff_len:
                 return (candidate, offsets) if candidate[-1]["content"] else None
@@ -217,9 +282,11 @@ def count_in_spans(offsets: list[tuple[int, int]], spans: list[tuple[int, int]])
 
 
 def prepare_data(
-    config: DataConfig, seed: int, out_dir: Path, tokenizer: Any, family: Family, cutoff_len: int
+    config: DataConfig, seed: int, out_dir: Path, tokenizer: Any, family: Family, cutoff_len: int,
+    vision: tuple[ImagePrompt | None, str] = (None, "no image processor was given"),
 ) -> dict[str, Any]:
-    """Write train.jsonl, val.jsonl and stats.json into out_dir; return the stats."""
+    """Write train.jsonl, val.jsonl and stats.json into out_dir; return the stats. `vision`: ImagePrompt.of the
+    model, for records with images."""
     began = time.perf_counter()
     train_specs, eval_specs = resolve_sources(config)
     files = [p for spec in train_specs + eval_specs for p in data_files(spec.path)]
@@ -228,7 +295,7 @@ def prepare_data(
     temps = {name: out_dir / f".{name}.{os.getpid()}.tmp" for name in ("all", "train", "val")}
     try:
         with _progress_bar(sum(p.stat().st_size for p in files)) as advance:
-            preparer = Preparer(config, tokenizer, family, cutoff_len, advance)
+            preparer = Preparer(config, tokenizer, family, cutoff_len, advance, Vision(*vision, out_dir / IMAGES_DIR))
             with temps["all"].open("w", encoding="utf-8") as out:
                 tallies = [preparer.run(spec, out, seed) for spec in train_specs]
             with temps["val"].open("w", encoding="utf-8") as out:
@@ -293,6 +360,8 @@ def _stats(
         "dropped": dict(dropped),
         "changed": dict(changed),
         "tool_conversations": preparer.with_tools,
+        "images": {"conversations": preparer.with_images, "references": preparer.images.references,
+                   "files": len(preparer.images.seen)},
         "tokens": describe_lengths(preparer.lengths),
         "supervised_tokens": describe_lengths(preparer.supervised),
         "template": family.name,
@@ -366,3 +435,9 @@ class _progress_bar:
 
 def read_prepared(path: Path) -> list[list[Message]]:
     return [json.loads(line)["messages"] for line in path.read_text(encoding="utf-8").splitlines() if line]
+
+
+def read_prepared_images(path: Path) -> list[list[Path]]:
+    """Each prepared conversation's images (absolute paths, in the order of their placeholders)."""
+    return [[Path(p) for p in json.loads(line).get("images", ())]
+            for line in path.read_text(encoding="utf-8").splitlines() if line]

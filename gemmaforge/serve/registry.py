@@ -324,11 +324,7 @@ def _load_transformers(base: ResolvedModel, reference: str, registry: Registry) 
     if torch.cuda.is_available():
         model = model.to("cuda")
     tokenizer = load_tokenizer(base.path)
-    vision, no_vision = None, ""
-    try:
-        vision = ImagePrompt.load(base.path, base.spec, tokenizer)
-    except ValueError as e:
-        no_vision = str(e)
+    vision, no_vision = ImagePrompt.of(base.path, base.spec, tokenizer)
     return TransformersEngine(model, tokenizer, base.family, max_batch=registry.max_batch,
                               max_queue=registry.max_queue, num_ctx=registry.num_ctx,
                               base_path=base.path.resolve(), base_name=reference, vision=vision, no_vision=no_vision)

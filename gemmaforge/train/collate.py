@@ -1,13 +1,24 @@
-"""Tokenized examples and right-padded batches."""
+"""Tokenized examples and right-padded batches; an example's images go in as the checkpoint's processor puts
+them (vision.py), and their pixels are made per batch."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import torch
 
+from gemmaforge.errors import UserError
 from gemmaforge.families import Family
-from gemmaforge.templates import IGNORE_INDEX, Message, check_roles, encode_for_training
+from gemmaforge.templates import (
+    IGNORE_INDEX,
+    Message,
+    check_roles,
+    encode_for_training,
+    render_conversation,
+    supervised_labels,
+)
+from gemmaforge.vision import ImagePrompt, decode_image
 
 
 def tokenize_conversations(
@@ -19,19 +30,70 @@ def tokenize_conversations(
     *,
     train_on_prompt: bool = False,
     mask_history: bool = False,
-) -> tuple[list[dict[str, list[int]]], int]:
-    """Encoded examples, and how many were dropped because truncation left no supervised token."""
+    images: list[list[Path]] | None = None,
+    vision: ImagePrompt | None = None,
+) -> tuple[list[dict[str, Any]], int]:
+    """Encoded examples, and how many were dropped because truncation left no supervised token (or cut into an
+    image). `images`: each conversation's images, expanded by `vision` as the checkpoint's processor does."""
     examples, dropped = [], 0
     for i, messages in enumerate(conversations):
         check_roles(messages, f"{source} line {i + 1}", require_answer=True)
-        ids, labels = encode_for_training(
-            messages, tokenizer, family, cutoff_len, train_on_prompt=train_on_prompt, mask_history=mask_history
-        )
-        if all(label == IGNORE_INDEX for label in labels):
+        pictures = images[i] if images else []
+        if pictures:
+            if vision is None:
+                raise UserError(f"{source} line {i + 1} has images, and the model reads none")
+            ids, labels = _encode_with_images(messages, pictures, vision, tokenizer, family, cutoff_len,
+                                              train_on_prompt=train_on_prompt, mask_history=mask_history)
+        else:
+            ids, labels = encode_for_training(
+                messages, tokenizer, family, cutoff_len, train_on_prompt=train_on_prompt, mask_history=mask_history
+            )
+        if not ids or all(label == IGNORE_INDEX for label in labels):
             dropped += 1
             continue
-        examples.append({"input_ids": ids, "labels": labels})
+        example: dict[str, Any] = {"input_ids": ids, "labels": labels}
+        if pictures:
+            example["images"] = [str(p) for p in pictures]
+        examples.append(example)
     return examples, dropped
+
+
+def _encode_with_images(messages: list[Message], pictures: list[Path], vision: ImagePrompt, tokenizer: Any,
+                        family: Family, cutoff_len: int, **options: bool) -> tuple[list[int], list[int]]:
+    """Ids and labels with each image's tokens in place of its placeholder, never supervised; nothing when the
+    cutoff would cut into an image (its features would not line up with its tokens)."""
+    from PIL import Image
+
+    rendered = render_conversation(messages, family, **options)
+    sizes = []
+    for path in pictures:
+        with Image.open(path) as image:  # the header: an image's token count follows from its size
+            sizes.append(image.size)
+    counts = vision.soft_token_counts(sizes)
+    text, spans = vision.expand_rendered(rendered.text, rendered.supervised, counts)
+    enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+    ids: list[int] = enc["input_ids"][:cutoff_len]
+    if sum(token == vision.image_token_id for token in ids) != sum(counts):
+        return [], []
+    image_ids = vision.image_token_ids(tokenizer)
+    labels = supervised_labels(ids, enc["offset_mapping"], spans)
+    return ids, [IGNORE_INDEX if token in image_ids else label for token, label in zip(ids, labels)]
+
+
+class ImageBatches:
+    """Wraps a collator: a batch whose examples have images gets their pixels (the image processor's inputs, in
+    the order of the images' tokens) and the token types that mark image tokens."""
+
+    def __init__(self, collator: Any, vision: ImagePrompt):
+        self.collator, self.vision = collator, vision
+
+    def __call__(self, batch: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
+        paths = [path for example in batch for path in example.get("images", ())]
+        out = self.collator([{k: v for k, v in example.items() if k != "images"} for example in batch])
+        if paths:
+            out.update(self.vision.pixel_inputs([decode_image(Path(p).read_bytes(), p) for p in paths]))
+            out.update(self.vision.token_types(out["input_ids"]))
+        return out
 
 
 class RightPadCollator:

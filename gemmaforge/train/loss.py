@@ -35,7 +35,8 @@ def supervised_loss(
     if "position_ids" in inputs:
         body = causal_lm.model(input_ids=inputs["input_ids"], position_ids=inputs["position_ids"], use_cache=False)
     else:
-        body = causal_lm.model(input_ids=inputs["input_ids"], attention_mask=inputs["attention_mask"], use_cache=False)
+        body = causal_lm.model(input_ids=inputs["input_ids"], attention_mask=inputs["attention_mask"], use_cache=False,
+                               **_image_inputs(causal_lm, inputs))
     targets = inputs["labels"][:, 1:]  # (B, T-1): position t predicts token t+1
     keep = targets != IGNORE_INDEX
     hidden = body.last_hidden_state[:, :-1][keep]  # (N, H), N supervised positions
@@ -49,6 +50,18 @@ def supervised_loss(
     if isinstance(denominator, torch.Tensor):
         denominator = denominator.to(loss.device)
     return loss / denominator
+
+
+# What a batch with images brings (train/collate.py ImageBatches): the image processor's outputs and the token types
+IMAGE_INPUTS = ("pixel_values", "image_position_ids", "token_type_ids", "mm_token_type_ids")
+
+
+def _image_inputs(causal_lm: Any, inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The batch's image inputs, pixels in the dtype the model computes in."""
+    found = {key: inputs[key] for key in IMAGE_INPUTS if inputs.get(key) is not None}
+    if "pixel_values" in found:
+        found["pixel_values"] = found["pixel_values"].to(causal_lm.dtype)
+    return found
 
 
 def chunked_cross_entropy(
@@ -80,10 +93,10 @@ def install_supervised_forward(model: Any, chunk_size: int) -> None:
 
     def forward(self: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
                 position_ids: torch.Tensor | None = None, labels: torch.Tensor | None = None,
-                num_items_in_batch: Any = None, **_: Any) -> CausalLMOutputWithPast:
+                num_items_in_batch: Any = None, **extra: Any) -> CausalLMOutputWithPast:
         inputs = {"input_ids": input_ids, "labels": labels}
         inputs.update({"position_ids": position_ids} if position_ids is not None
-                      else {"attention_mask": attention_mask})
+                      else {"attention_mask": attention_mask, **{k: extra.get(k) for k in IMAGE_INPUTS}})
         return CausalLMOutputWithPast(loss=supervised_loss(self, inputs, num_items_in_batch, chunk_size))
 
     causal_lm.forward = types.MethodType(forward, causal_lm)

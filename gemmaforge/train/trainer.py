@@ -8,7 +8,7 @@ from typing import Any
 
 from gemmaforge.config import RunConfig
 from gemmaforge.console import console, escape
-from gemmaforge.data.prepare import read_prepared
+from gemmaforge.data.prepare import read_prepared, read_prepared_images
 from gemmaforge.distributed import gather, is_main_process, world_size, writes_per_node
 from gemmaforge.errors import StageError, UserError
 from gemmaforge.families import Family
@@ -25,7 +25,7 @@ from gemmaforge.train.checkpoints import (
     keep_metrics_until,
     last_complete_checkpoint,
 )
-from gemmaforge.train.collate import RightPadCollator, tokenize_conversations
+from gemmaforge.train.collate import ImageBatches, RightPadCollator, tokenize_conversations
 from gemmaforge.train.loss import NonFiniteLoss, SupervisedLossTrainer
 from gemmaforge.train.memory_plan import Plan, Planner, plan_summary, this_device
 from gemmaforge.train.packing import PackedCollator, pack_examples
@@ -39,6 +39,7 @@ from gemmaforge.train.troubleshoot import (
     slow_step_findings,
 )
 from gemmaforge.train.wrapping import build_peft_model, lora_targets
+from gemmaforge.vision import ImagePrompt
 
 
 def training_arguments(config: RunConfig, run: RunDir, precision: str, has_val: bool) -> Any:
@@ -97,11 +98,13 @@ def checkpointing_arguments(enabled: bool) -> dict[str, Any]:
     return {name: enabled, f"{name}_kwargs": {"use_reentrant": False}}
 
 
-def encode_split(run: RunDir, config: RunConfig, tokenizer: Any, family: Family, name: str) -> tuple[list[dict], int]:
+def encode_split(run: RunDir, config: RunConfig, tokenizer: Any, family: Family, name: str,
+                 vision: ImagePrompt | None = None) -> tuple[list[dict], int]:
+    path = run.require(run.data_dir / f"{name}.jsonl", "data")
     return tokenize_conversations(
-        read_prepared(run.require(run.data_dir / f"{name}.jsonl", "data")), tokenizer, family,
-        config.train.cutoff_len, f"data/{name}.jsonl",
+        read_prepared(path), tokenizer, family, config.train.cutoff_len, f"data/{name}.jsonl",
         train_on_prompt=config.data.train_on_prompt, mask_history=config.data.mask_history,
+        images=read_prepared_images(path), vision=vision,
     )
 
 
@@ -131,13 +134,21 @@ def train(run: RunDir, config: RunConfig, base: ResolvedModel) -> dict[str, Any]
     tokenizer = load_tokenizer(base.path)
     tokenizer.chat_template = hf_chat_template(family)
     cutoff = config.train.cutoff_len
-    train_rows, dropped = encode_split(run, config, tokenizer, family, "train")
-    val_rows, _ = encode_split(run, config, tokenizer, family, "val")
+    vision, _ = ImagePrompt.of(base.path, base.spec, tokenizer)  # data with images was refused without it
+    train_rows, dropped = encode_split(run, config, tokenizer, family, "train", vision)
+    val_rows, _ = encode_split(run, config, tokenizer, family, "val", vision)
     if not train_rows:
         raise UserError(f"no training example keeps a supervised token within train.cutoff_len={cutoff}")
     if dropped:
         console.print(f"[yellow]gemmaforge[/]: {dropped} training examples dropped: "
                       f"prompt alone exceeds cutoff_len={cutoff}")
+    with_images = sum("images" in row for row in train_rows + val_rows)
+    if with_images and config.train.packing:
+        # Packed rows attend causally within each example; an image's tokens attend to each other both ways.
+        console.print(f"[bold]train[/]: {with_images} examples hold images: padded batches (train.packing is "
+                      "for text-only data)")
+        config = config.model_copy(deep=True)
+        config.train.packing = False
     if config.train.packing:
         train_set, val_set = pack_examples(train_rows, cutoff), pack_examples(val_rows, cutoff)
         collator: Any = PackedCollator(tokenizer.pad_token_id)
@@ -145,6 +156,8 @@ def train(run: RunDir, config: RunConfig, base: ResolvedModel) -> dict[str, Any]
                       f"of <= {cutoff} tokens")
     else:
         train_set, val_set, collator = train_rows, val_rows, RightPadCollator(tokenizer.pad_token_id)
+        if with_images:
+            collator = ImageBatches(collator, vision)
 
     plan = check_memory(config, base, precision, sharding)
     model = build_peft_model(config, base, tokenizer, precision)

@@ -1,0 +1,118 @@
+"""A dataset's images, found and checked once, at prepare time.
+
+Prepared records reference their images by absolute path; nothing is copied into the JSON Lines. An image that
+comes inside the data (a data URI, the bytes of a Parquet image) is written once into the data folder's `images/`,
+named by its hash. Remote URLs are refused: nothing is downloaded. Each image is opened and decoded here, so a
+training run never meets a missing, unreadable or oversized picture hours in.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import io
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import unquote, urlparse
+
+from gemmaforge.errors import UserError
+
+MAX_PIXELS = 64_000_000  # one training image (a 8000x8000 photo); PIL's own decompression-bomb check is at 89M
+# Pixel modes the processors' RGB conversion keeps faithfully; 32-bit integer and float images (depth maps,
+# scientific data) would be clipped to 8 bits without a word.
+PICTURE_MODES = {"1", "L", "LA", "La", "P", "PA", "RGB", "RGBA", "RGBa", "RGBX", "CMYK", "YCbCr"}
+
+
+@dataclass(frozen=True)
+class CheckedImage:
+    path: Path
+    sha256: str  # of the file's bytes: records that ask the same question of other pictures are not duplicates
+    width: int
+    height: int
+
+
+class ImageFinder:
+    """Finds each image a record names, relative to its dataset's folder (then the working directory), checks that
+    it is a picture training can read, and remembers what it found."""
+
+    def __init__(self, store: Path):
+        self.store = store  # where embedded images are written
+        self.seen: dict[str, CheckedImage] = {}  # by resolved path
+        self.references = 0
+
+    def find(self, ref: Any, folder: Path, where: str) -> CheckedImage:
+        self.references += 1
+        if isinstance(ref, dict):  # a Parquet / datasets Image: {"bytes": ..., "path": ...}
+            if ref.get("bytes"):
+                return self._embedded(bytes(ref["bytes"]), where)
+            ref = ref.get("path")
+        if not isinstance(ref, str) or not ref.strip():
+            raise UserError(f"{where}: an image entry must be a path or data URI, got {ref!r}")
+        if ref.startswith("data:"):
+            return self._embedded(_data_uri(ref, where), where)
+        scheme = urlparse(ref).scheme
+        if scheme in ("http", "https", "ftp", "s3", "gs"):
+            raise UserError(f"{where}: {ref}: remote images are not downloaded; download them once and name the "
+                            "local files")
+        path = Path(unquote(urlparse(ref).path)) if scheme == "file" else Path(ref).expanduser()
+        candidates = [path] if path.is_absolute() else [folder / path, Path.cwd() / path]
+        found = next((p for p in candidates if p.is_file()), None)
+        if found is None:
+            tried = " or ".join(str(p) for p in dict.fromkeys(candidates))
+            raise UserError(f"{where}: image {ref} not found (looked for {tried})")
+        found = found.resolve()
+        if str(found) not in self.seen:
+            self.seen[str(found)] = _checked(found, found.read_bytes(), where)
+        return self.seen[str(found)]
+
+    def _embedded(self, data: bytes, where: str) -> CheckedImage:
+        digest = hashlib.sha256(data).hexdigest()
+        checked = _checked(Path(), data, where)
+        path = self.store / f"{digest}.{_suffix(data)}"
+        if not path.is_file():
+            self.store.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+            tmp.write_bytes(data)
+            os.replace(tmp, path)
+        self.seen[str(path)] = CheckedImage(path, digest, checked.width, checked.height)
+        return self.seen[str(path)]
+
+
+def _data_uri(uri: str, where: str) -> bytes:
+    head, comma, payload = uri.partition(",")
+    if not comma or not head.endswith(";base64"):
+        raise UserError(f"{where}: expected a base64 data URI (data:image/png;base64,...)")
+    try:
+        return base64.b64decode(payload, validate=False)
+    except (binascii.Error, ValueError):
+        raise UserError(f"{where}: the data URI's base64 does not decode") from None
+
+
+def _checked(path: Path, data: bytes, where: str) -> CheckedImage:
+    from PIL import Image
+
+    name = f"image {path}" if path.parts else "the embedded image"
+    try:
+        image = Image.open(io.BytesIO(data))  # the header: the size is known before any pixel is decoded
+    except Exception as e:  # noqa: BLE001  (PIL raises many kinds for many formats)
+        raise UserError(f"{where}: {name} is not a picture PIL can read ({e})") from None
+    if image.width * image.height > MAX_PIXELS:
+        raise UserError(f"{where}: {name} is {image.width}x{image.height} pixels, more than the {MAX_PIXELS:,} "
+                        "accepted; scale it down (the processors resize every picture to under a megapixel)")
+    if image.mode not in PICTURE_MODES:
+        raise UserError(f"{where}: {name} has pixel mode {image.mode}, which the image processors would clip to "
+                        "8-bit RGB; save it as RGB (or grayscale L)")
+    try:
+        image.load()
+    except Exception as e:  # noqa: BLE001
+        raise UserError(f"{where}: {name} does not decode ({e})") from None
+    return CheckedImage(path, hashlib.sha256(data).hexdigest(), image.width, image.height)
+
+
+def _suffix(data: bytes) -> str:
+    from PIL import Image
+
+    return (Image.open(io.BytesIO(data)).format or "img").lower()

@@ -1,0 +1,187 @@
+"""Training on images (Gemma 3 and Gemma 4 tiny checkpoints of the real structure): image tokens as the processor
+writes them and never supervised, the vision tower run on every batch with images and frozen, batches that mix
+text and image records, and a visual signature task (a picture's colour -> its name) that the base model fails
+and the tuned one passes on pictures it never saw."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from gemmaforge.cli import main
+from gemmaforge.model_spec import read_spec
+from gemmaforge.models import load_causal_lm, load_tokenizer
+from gemmaforge.templates import IGNORE_INDEX, render_conversation
+from gemmaforge.train.collate import ImageBatches, RightPadCollator, tokenize_conversations
+from gemmaforge.vision import ImagePrompt, decode_image
+from tests.helpers import run_config
+
+KINDS = ["gemma3-mm", "gemma4-e2b"]
+COLOURS = {"red": (220, 30, 30), "green": (30, 200, 40), "blue": (30, 40, 220)}
+QUESTION = "Which colour is this picture?"
+FINAL_NORMS = ("language_model.norm.weight", "language_model.model.norm.weight")  # Gemma 4's, Gemma 3's hub name
+
+
+def picture(colour: tuple[int, int, int], rng: np.random.Generator) -> Image.Image:
+    """A noisy picture of one colour, of a random size (Gemma 4 gives each size its own token count)."""
+    width, height = (int(n) for n in rng.integers(40, 120, 2))
+    return Image.fromarray(np.clip(np.array(colour) + rng.normal(0, 25, (height, width, 3)), 0, 255).astype("uint8"))
+
+
+def trained_scale_copy(source: Path, target: Path) -> Path:
+    """The checkpoint with its final norm at a trained model's scale. Drawn at random it leaves the logits below 1
+    over a 262k vocabulary, where no answer can ever be the most likely token (real Gemma checkpoints' final norms
+    are tens, see tests/unit/test_loss_families.py)."""
+    from safetensors.torch import load_file, save_file
+
+    shutil.copytree(source, target)
+    scaled = []
+    for file in target.glob("*.safetensors"):
+        tensors = load_file(file)
+        for key in [k for k in tensors if k.endswith(FINAL_NORMS)]:
+            tensors[key] = torch.full_like(tensors[key], 30.0)
+            scaled.append(key)
+        save_file(tensors, file, metadata={"format": "pt"})
+    assert len(scaled) == 1, scaled
+    return target
+
+
+def answers(model_dir: Path, held_out: list[tuple[str, Path]], adapter: Path | None = None) -> list[str]:
+    """Greedy answers to QUESTION about each picture, with the processor's inputs (as `gemmaforge serve` sends)."""
+    spec = read_spec(model_dir)
+    tokenizer = load_tokenizer(model_dir)
+    vision = ImagePrompt.load(model_dir, spec, tokenizer)
+    model = load_causal_lm(model_dir, spec, torch.float32)
+    if adapter is not None:
+        from peft import PeftModel
+
+        model = PeftModel.from_pretrained(model, adapter)
+    out = []
+    for _, path in held_out:
+        prompt = render_conversation([{"role": "user", "content": spec.family.chat.image + QUESTION}], spec.family,
+                                     add_generation_prompt=True).text
+        text, inputs = vision.expand(prompt, [decode_image(path.read_bytes(), str(path))])
+        ids = torch.tensor([tokenizer(text, add_special_tokens=False).input_ids])
+        with torch.no_grad():
+            new = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=4,
+                                 do_sample=False, **inputs, **vision.token_types(ids))[0, ids.shape[1]:]
+        out.append(tokenizer.decode(new, skip_special_tokens=True).strip())
+    return out
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_visual_signature_is_learned(kind: str, checkpoint_of, tmp_path: Path) -> None:
+    """A folder of pictures with a file_name JSONL (and text records mixed in) -> `gemmaforge train` -> the
+    tuned model names the colour of six pictures it never saw; the base names none."""
+    model = trained_scale_copy(checkpoint_of(kind), tmp_path / "model")
+    rng = np.random.default_rng(0)
+    data = tmp_path / "data"
+    data.mkdir()
+    rows = []
+    for i in range(36):
+        name = list(COLOURS)[i % 3]
+        picture(COLOURS[name], rng).save(data / f"{i}.png")
+        rows.append({"file_name": f"{i}.png", "instruction": QUESTION, "output": name})
+    rows += [{"instruction": f"Say the number {i}.", "output": str(i)} for i in range(6)]
+    (data / "metadata.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    held_out = []
+    for name, colour in COLOURS.items():
+        for j in range(2):
+            held_out.append((name, tmp_path / f"held-{name}{j}.png"))
+            picture(colour, rng).save(held_out[-1][1])
+    config = tmp_path / "run.yaml"
+    config.write_text(json.dumps({
+        "output_dir": str(tmp_path / "run"), "model": {"name_or_path": str(model)},
+        "data": {"path": str(data), "val_size": 3},
+        "lora": {"r": 8, "lora_alpha": 16, "target_modules": "all-linear"},
+        "train": {"max_steps": 100, "per_device_train_batch_size": 4, "learning_rate": 5e-3, "cutoff_len": 1024,
+                  "logging_steps": 10, "save_steps": 1000, "seed": 1},
+    }))
+    assert main(["train", str(config)]) == 0
+    expected = [name for name, _ in held_out]
+    base, tuned = answers(model, held_out), answers(model, held_out, tmp_path / "run" / "adapter")
+    assert sum(a == e for a, e in zip(base, expected)) == 0, base
+    assert tuned == expected
+
+
+def examples(kind: str, checkpoint_of, tmp_path: Path, train_on_prompt: bool = False):
+    """A text conversation and two with a picture each (two sizes), tokenized as training does."""
+    model = checkpoint_of(kind)
+    spec, tokenizer = read_spec(model), load_tokenizer(model)
+    vision = ImagePrompt.load(model, spec, tokenizer)
+    rng = np.random.default_rng(1)
+    paths = []
+    for i, colour in enumerate([(200, 0, 0), (0, 0, 200)]):
+        paths.append(tmp_path / f"{i}.png")
+        picture(colour, rng).save(paths[-1])
+    conversations = [[{"role": "user", "content": "Hello"}, {"role": "assistant", "content": "Hi"}]] + [
+        [{"role": "user", "content": spec.family.chat.image + QUESTION}, {"role": "assistant", "content": "a colour"}]
+        for _ in paths]
+    rows, dropped = tokenize_conversations(conversations, tokenizer, spec.family, 1024, "test",
+                                           train_on_prompt=train_on_prompt, images=[[], [paths[0]], [paths[1]]],
+                                           vision=vision)
+    assert dropped == 0
+    return model, spec, tokenizer, vision, rows
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_image_tokens_are_the_processors_and_never_supervised(kind: str, checkpoint_of, tmp_path: Path) -> None:
+    _, _, tokenizer, vision, rows = examples(kind, checkpoint_of, tmp_path, train_on_prompt=True)
+    image_ids = vision.image_token_ids(tokenizer)
+    for row in rows[1:]:
+        sizes = [Image.open(p).size for p in row["images"]]
+        assert sum(t == vision.image_token_id for t in row["input_ids"]) == sum(vision.soft_token_counts(sizes))
+        assert all(label == IGNORE_INDEX for t, label in zip(row["input_ids"], row["labels"]) if t in image_ids)
+        assert sum(label != IGNORE_INDEX for label in row["labels"]) > 10  # the prompt's text is trained here
+
+
+def test_gemma4_token_counts_follow_the_image_processor(checkpoint_of) -> None:
+    model = checkpoint_of("gemma4-e2b")
+    vision = ImagePrompt.load(model, read_spec(model), load_tokenizer(model))
+    from transformers import AutoImageProcessor
+
+    processor = AutoImageProcessor.from_pretrained(model)
+    sizes = [(64, 48), (40, 300), (1000, 30), (17, 17), (900, 900)]
+    counts = processor(images=[Image.new("RGB", s) for s in sizes], return_tensors="pt")["num_soft_tokens_per_image"]
+    assert vision.soft_token_counts(sizes) == counts.tolist() and len(set(counts.tolist())) > 1
+
+
+def test_a_cutoff_inside_an_image_drops_the_example(checkpoint_of, tmp_path: Path) -> None:
+    model = checkpoint_of("gemma3-mm")
+    spec, tokenizer = read_spec(model), load_tokenizer(model)
+    picture((1, 2, 3), np.random.default_rng(0)).save(tmp_path / "a.png")
+    conversation = [{"role": "user", "content": spec.family.chat.image + QUESTION},
+                    {"role": "assistant", "content": "x"}]
+    rows, dropped = tokenize_conversations([conversation], tokenizer, spec.family, 8, "test", train_on_prompt=True,
+                                           images=[[tmp_path / "a.png"]],
+                                           vision=ImagePrompt.load(model, spec, tokenizer))
+    assert rows == [] and dropped == 1
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_mixed_batch_runs_the_frozen_tower_and_its_pixels_matter(kind: str, checkpoint_of, tmp_path: Path) -> None:
+    from gemmaforge.models import resolve_model
+    from gemmaforge.train.wrapping import build_peft_model
+
+    model_dir, spec, tokenizer, vision, rows = examples(kind, checkpoint_of, tmp_path)
+    config = run_config(model={"name_or_path": str(model_dir)}, lora={"target_modules": "all-linear"},
+                        train={"packing": False})
+    model = build_peft_model(config, resolve_model(str(model_dir), tmp_path), tokenizer, "fp32")
+    tower = model.get_base_model().model.vision_tower
+    calls = []
+    tower.register_forward_hook(lambda *_: calls.append(1))
+    collate = ImageBatches(RightPadCollator(tokenizer.pad_token_id), vision)
+    batch = collate(rows[:2])  # a text conversation beside one with a picture
+    loss = model(**batch).loss
+    loss.backward()
+    assert calls, "the vision tower never ran"
+    assert not any(p.requires_grad for p in tower.parameters())  # frozen: no LoRA, no gradient
+    assert all(p.grad is not None for n, p in model.named_parameters() if p.requires_grad and "lora_" in n)
+    with torch.no_grad():  # the same tokens with the picture's negative: another picture, another loss
+        assert not torch.isclose(model(**{**batch, "pixel_values": -batch["pixel_values"]}).loss, loss.detach())
