@@ -102,6 +102,7 @@ def inspect(args: argparse.Namespace, home: Path) -> int:
     inspect_file(
         source.path, tokenizer, family, schema=source.schema, system=data.system, cutoff_len=args.cutoff_len,
         train_on_prompt=args.train_on_prompt, mask_history=args.mask_history, limit=args.n, as_json=args.json,
+        vision=ImagePrompt.of(model.path, model.spec, tokenizer),
     )
     return 0
 

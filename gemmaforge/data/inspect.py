@@ -1,11 +1,14 @@
 """`gemmaforge data inspect`: show exactly what the model will see: the rendered text, the tokens
-that carry loss, and the token lengths against cutoff_len."""
+that carry loss (never an image's), each image's slot with its token count, and the token lengths against
+cutoff_len."""
 
 from __future__ import annotations
 
 import json
 import sys
+import tempfile
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -13,20 +16,55 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from gemmaforge.data.formats import Schema, detect_schema, to_messages
+from gemmaforge.data.formats import IMAGE_PLACEHOLDER, Schema, detect_schema, record_images, to_messages
+from gemmaforge.data.images import ImageFinder
 from gemmaforge.data.prepare import describe_lengths
 from gemmaforge.data.sources import data_files, iter_records
+from gemmaforge.errors import UserError
 from gemmaforge.families import Family
 from gemmaforge.templates import IGNORE_INDEX, Message, check_features, render_conversation, supervised_labels
+from gemmaforge.train.collate import encode_with_images
+from gemmaforge.vision import ImagePrompt
 
 
-def conversations(path: Path, schema: Schema | None, system: str | None) -> Iterator[tuple[str, list[Message]]]:
-    for file in data_files(path):
-        file_schema = schema
-        for where, record in iter_records(file):
-            if file_schema is None:
-                file_schema = detect_schema(record, where)
-            yield where, to_messages(record, file_schema, where, system)
+@dataclass(frozen=True)
+class Encoded:
+    """One conversation as training tokenizes it (untruncated)."""
+
+    where: str
+    text: str
+    ids: list[int]
+    labels: list[int]
+    offsets: list[tuple[int, int]]
+    images: list[Path]
+
+
+def encoded_conversations(path: Path, schema: Schema | None, system: str | None, tokenizer: Any, family: Family, *,
+                          train_on_prompt: bool, mask_history: bool,
+                          vision: tuple[ImagePrompt | None, str]) -> Iterator[Encoded]:
+    """Each record rendered and tokenized as training does, its images (found and checked) in their slots."""
+    options = {"train_on_prompt": train_on_prompt, "mask_history": mask_history}
+    with tempfile.TemporaryDirectory() as store:  # embedded pictures are decoded there, never into the dataset
+        finder = ImageFinder(Path(store))
+        for file in data_files(path):
+            file_schema = schema
+            for where, record in iter_records(file):
+                if file_schema is None:
+                    file_schema = detect_schema(record, where)
+                messages = to_messages(record, file_schema, where, system)
+                check_features(messages, family, where)
+                refs = record_images(record, messages, file_schema, where)
+                if not refs:
+                    yield Encoded(where, *encode(messages, tokenizer, family, **options), [])
+                    continue
+                prompt, reason = vision
+                if prompt is None:
+                    raise UserError(f"{where}: the record has images, but the model takes none ({reason})")
+                pictures = [finder.find(ref, file.parent, f"{where}: image {i + 1}").path for i, ref in enumerate(refs)]
+                messages = [{**m, "content": m["content"].replace(IMAGE_PLACEHOLDER, family.chat.image)}
+                            for m in messages]
+                yield Encoded(where, *encode_with_images(messages, pictures, prompt, tokenizer, family, **options),
+                              pictures)
 
 
 def encode(
@@ -51,38 +89,43 @@ def inspect_file(
     mask_history: bool,
     limit: int | None,
     as_json: bool,
+    vision: tuple[ImagePrompt | None, str] = (None, "no image processor was given"),
 ) -> None:
     """JSON mode: one {"text", "input_ids", "labels"} object per conversation on stdout (truncated to
-    cutoff_len, as training sees it). Text mode: `limit` samples highlighted, then a length summary."""
+    cutoff_len, as training sees it; with "images" when it has some). Text mode: `limit` samples highlighted, then
+    a length summary."""
     out = Console(file=sys.stdout, soft_wrap=True, highlight=False)
     lengths, supervised, over = [], [], 0
-    for i, (where, messages) in enumerate(conversations(path, schema, system)):
-        check_features(messages, family, where)
-        text, ids, labels, offsets = encode(
-            messages, tokenizer, family, train_on_prompt=train_on_prompt, mask_history=mask_history
-        )
+    image_token = getattr(tokenizer, "image_token", None)
+    encoded = encoded_conversations(path, schema, system, tokenizer, family, train_on_prompt=train_on_prompt,
+                                    mask_history=mask_history, vision=vision)
+    for i, e in enumerate(encoded):
         if as_json:
             if limit is not None and i >= limit:
                 break
-            seen = text if len(ids) <= cutoff_len else text[: offsets[cutoff_len - 1][1]]
-            row = {"text": seen, "input_ids": ids[:cutoff_len], "labels": labels[:cutoff_len]}
+            seen = e.text if len(e.ids) <= cutoff_len else e.text[: e.offsets[cutoff_len - 1][1]]
+            row: dict[str, Any] = {"text": seen, "input_ids": e.ids[:cutoff_len], "labels": e.labels[:cutoff_len]}
+            if e.images:
+                row["images"] = [str(p) for p in e.images]
             sys.stdout.write(json.dumps(row, ensure_ascii=False) + "\n")
             continue
-        lengths.append(len(ids))
-        supervised.append(sum(label != IGNORE_INDEX for label in labels[:cutoff_len]))
-        over += len(ids) > cutoff_len
+        lengths.append(len(e.ids))
+        supervised.append(sum(label != IGNORE_INDEX for label in e.labels[:cutoff_len]))
+        over += len(e.ids) > cutoff_len
         if i < (3 if limit is None else limit):
-            out.rule(f"conversation {i + 1}: {len(ids)} tokens, {supervised[-1]} supervised")
-            out.print(_highlight(text, labels, offsets, cutoff_len))
+            out.rule(f"conversation {i + 1}: {len(e.ids)} tokens, {supervised[-1]} supervised"
+                     + (f", {len(e.images)} image(s)" if e.images else ""))
+            out.print(_highlight(e.text, e.labels, e.offsets, cutoff_len, image_token))
     if not as_json:
         out.print(_summary_table(lengths, supervised, over, cutoff_len))
         out.print("[dim]dim: prompt (no loss)[/]  [bold green]green: supervised[/]  "
-                  "[red strike]red: cut by cutoff_len[/]")
+                  "[red strike]red: cut by cutoff_len[/]  [magenta]magenta: an image's tokens[/]")
 
 
-def token_spans(text: str, labels: list[int], offsets: list[tuple[int, int]], cutoff_len: int) -> list[tuple[str, str]]:
-    """The rendered text in pieces as training sees it: 'prompt' (no loss), 'supervised', 'cut' (past
-    cutoff_len); neighbours of one kind joined."""
+def token_spans(text: str, labels: list[int], offsets: list[tuple[int, int]], cutoff_len: int,
+                image_token: str | None = None) -> list[tuple[str, str]]:
+    """The rendered text in pieces as training sees it: 'prompt' (no loss), 'supervised', 'image' (an image's
+    soft tokens), 'cut' (past cutoff_len); neighbours of one kind joined."""
     spans: list[tuple[str, str]] = []
     cursor = 0
 
@@ -94,18 +137,29 @@ def token_spans(text: str, labels: list[int], offsets: list[tuple[int, int]], cu
 
     for index, (label, (start, end)) in enumerate(zip(labels, offsets)):
         end = max(end, start)
-        add(text[cursor:end], "cut" if index >= cutoff_len else ("supervised" if label != IGNORE_INDEX else "prompt"))
+        piece = text[cursor:end]
+        if index >= cutoff_len:
+            kind = "cut"
+        elif image_token and piece == image_token:
+            kind = "image"
+        else:
+            kind = "supervised" if label != IGNORE_INDEX else "prompt"
+        add(piece, kind)
         cursor = end  # a token's piece includes any text between it and the previous token
     add(text[cursor:], "prompt")
     return spans
 
 
-_STYLES = {"prompt": "dim", "supervised": "bold green", "cut": "red strike"}
+_STYLES = {"prompt": "dim", "supervised": "bold green", "cut": "red strike", "image": "magenta"}
 
 
-def _highlight(text: str, labels: list[int], offsets: list[tuple[int, int]], cutoff_len: int) -> Text:
+def _highlight(text: str, labels: list[int], offsets: list[tuple[int, int]], cutoff_len: int,
+               image_token: str | None = None) -> Text:
+    """The rendering, styled by kind; an image's soft tokens shown as one slot with their count."""
     styled = Text()
-    for piece, kind in token_spans(text, labels, offsets, cutoff_len):
+    for piece, kind in token_spans(text, labels, offsets, cutoff_len, image_token):
+        if kind == "image" and image_token:
+            piece = f"[{piece.count(image_token)} x {image_token}]"
         styled.append(piece, style=_STYLES[kind])
     return styled
 

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from gemmaforge.config import EvalConfig, RunConfig
 from gemmaforge.console import console
-from gemmaforge.data.prepare import read_prepared
+from gemmaforge.data.prepare import read_prepared, read_prepared_images
 from gemmaforge.errors import UserError
 from gemmaforge.evaluate.generate import EngineGenerator, Generation, Sampling, prompt_ids
 from gemmaforge.evaluate.metrics import reference_scores
@@ -31,8 +31,10 @@ from gemmaforge.evaluate.suite import Case, load_suite, val_sample_suite
 from gemmaforge.export.gguf_shards import exports_in, gguf_parts
 from gemmaforge.export.ollama import deployed_quant
 from gemmaforge.families import Family
+from gemmaforge.inference.llamacpp_images import projector_beside
 from gemmaforge.models import ResolvedModel, load_causal_lm, load_tokenizer
 from gemmaforge.runs import RunDir
+from gemmaforge.vision import ImagePrompt
 
 if TYPE_CHECKING:
     from gemmaforge.inference.transformers_engine import TransformersEngine
@@ -56,9 +58,10 @@ def evaluate(run: RunDir, config: RunConfig, base: ResolvedModel) -> dict[str, A
 
     ec = config.eval
     adapter = run.require(run.adapter_dir / "adapter_config.json", "train").parent
-    val = read_prepared(run.require(run.data_dir / "val.jsonl", "data"))
+    val_path = run.require(run.data_dir / "val.jsonl", "data")
+    val, val_images = read_prepared(val_path), read_prepared_images(val_path)
     system = config.deployed_system
-    cases, source = suite_cases(ec, val, system)
+    cases, source = suite_cases(ec, val, system, val_images)
     if ec.fail_under is not None and not any(case.checks for case in cases):
         raise UserError(f"eval.fail_under={ec.fail_under} needs a suite with checks; {source} has none")
     gguf = deployed_gguf(run, config) if ec.engine == "llamacpp" else None
@@ -67,20 +70,25 @@ def evaluate(run: RunDir, config: RunConfig, base: ResolvedModel) -> dict[str, A
     probes = retention_probes() if ec.retention else []
     probe_chats = [probe_conversation(p, system) for p in probes]
     chats = [*(c.messages for c in cases), *probe_chats]
+    vision, no_vision = ImagePrompt.of(base.path, base.spec, tokenizer)
     num_ctx = max(len(prompt_ids(tokenizer, family, chat)) for chat in chats) + ec.max_new_tokens + 1
+    num_ctx += max((image_tokens(vision, c.images) for c in cases), default=0)
     sampling = Sampling(ec.max_new_tokens, ec.do_sample, ec.temperature, ec.top_p, ec.seed)
     # the engine serve runs, in fp32, the run's adapter loaded by name: base answers name no adapter
     engine = TransformersEngine(load_causal_lm(base.path, base.spec, torch.float32), tokenizer, family,
-                                max_batch=ec.batch_size, max_queue=len(chats), num_ctx=num_ctx)
+                                max_batch=ec.batch_size, max_queue=len(chats), num_ctx=num_ctx,
+                                vision=vision, no_vision=no_vision)
     try:
         engine.load_adapter("tuned", adapter)
-        sides, answers = _base_and_tuned(engine, cases, probe_chats, sampling, config, val, tokenizer)
+        sides, answers = _base_and_tuned(engine, cases, probe_chats, sampling, config, (val, val_images),
+                                         tokenizer)
     finally:
         engine.close()
     agreement = None
     if gguf is not None:
         console.print(f"[bold]eval[/]: tuned answers from {gguf} (llama.cpp) ...")
-        llama = LlamaCppEngine(gguf, family, num_ctx=num_ctx, max_queue=len(chats))
+        mmproj, several = projector_beside(gguf)
+        llama = LlamaCppEngine(gguf, family, num_ctx=num_ctx, max_queue=len(chats), mmproj=mmproj, no_vision=several)
         try:
             merged = answers["tuned"]
             answers["tuned"] = answer_all(EngineGenerator(llama, tokenizer), cases, probe_chats, sampling)
@@ -110,17 +118,18 @@ def evaluate(run: RunDir, config: RunConfig, base: ResolvedModel) -> dict[str, A
 
 
 def _base_and_tuned(engine: TransformersEngine, cases: list[Case], probe_chats: list[list[dict[str, str]]],
-                    sampling: Sampling, config: RunConfig, val: list[list[dict[str, str]]], tokenizer: Any,
-                    ) -> tuple[dict[str, dict[str, Any]], dict[str, Answers]]:
+                    sampling: Sampling, config: RunConfig, val: tuple[list[list[dict[str, str]]], list[list[Path]]],
+                    tokenizer: Any) -> tuple[dict[str, dict[str, Any]], dict[str, Answers]]:
     """Loss, perplexities and answers of the base model (the adapter disabled) and the tuned one."""
     ec = config.eval
-    val_examples = _encode(val, tokenizer, engine.family, config)
+    val_examples = _encode(val, tokenizer, engine.family, config, engine.vision)
     general = general_text_examples(tokenizer, config.train.cutoff_len) if ec.retention else []
     sides: dict[str, dict[str, Any]] = {}
     answers: dict[str, Answers] = {}
     for side, adapter in (("base", None), ("tuned", "tuned")):
         console.print(f"[bold]eval[/]: {side} model: loss, {len(cases)} cases, {len(probe_chats)} retention probes ...")
-        loss = engine.call(lambda model: mean_loss(model, val_examples, tokenizer.pad_token_id, ec.batch_size), adapter)
+        loss = engine.call(lambda model: mean_loss(model, val_examples, tokenizer.pad_token_id, ec.batch_size,
+                                                   engine.vision), adapter)
         general_loss = engine.call(lambda model: mean_loss(model, general, tokenizer.pad_token_id, ec.batch_size),
                                    adapter) if general else None
         answers[side] = answer_all(EngineGenerator(engine, tokenizer, adapter), cases, probe_chats, sampling)
@@ -129,7 +138,8 @@ def _base_and_tuned(engine: TransformersEngine, cases: list[Case], probe_chats: 
     return sides, answers
 
 
-def suite_cases(ec: EvalConfig, val: list[list[dict[str, str]]], system: str | None) -> tuple[list[Case], str]:
+def suite_cases(ec: EvalConfig, val: list[list[dict[str, str]]], system: str | None,
+                val_images: list[list[Path]] | None = None) -> tuple[list[Case], str]:
     """The user's suite (cases without a system prompt get the one the model is deployed with), or a
     sample of val prompts with their answers as references."""
     if ec.suite:
@@ -139,7 +149,7 @@ def suite_cases(ec: EvalConfig, val: list[list[dict[str, str]]], system: str | N
                 if case.messages[0]["role"] != "system":
                     case.messages.insert(0, {"role": "system", "content": system})
         return cases, ec.suite
-    cases = val_sample_suite(val, ec.num_samples, ec.seed)
+    cases = val_sample_suite(val, ec.num_samples, ec.seed, val_images)
     if not cases:
         raise UserError("the val split is empty, so there is no default suite: give eval.suite (or --suite FILE)")
     return cases, f"val sample ({len(cases)} of {len(val)} conversations)"
@@ -157,20 +167,31 @@ def deployed_gguf(run: RunDir, config: RunConfig) -> Path:
     return found[deployed_quant(run, config)][0]
 
 
-def _encode(val: list[list[dict[str, str]]], tokenizer: Any, family: Family, config: RunConfig) -> list[dict]:
+def _encode(val: tuple[list[list[dict[str, str]]], list[list[Path]]], tokenizer: Any, family: Family,
+            config: RunConfig, vision: ImagePrompt | None) -> list[dict]:
     from gemmaforge.train.collate import tokenize_conversations
 
     examples, _dropped = tokenize_conversations(
-        val, tokenizer, family, config.train.cutoff_len, "data/val.jsonl",
+        val[0], tokenizer, family, config.train.cutoff_len, "data/val.jsonl",
         train_on_prompt=config.data.train_on_prompt, mask_history=config.data.mask_history,
+        images=val[1], vision=vision,
     )
     return examples
+
+
+def image_tokens(vision: ImagePrompt | None, pictures: list[Path]) -> int:
+    """How many tokens a case's pictures add to its prompt."""
+    from gemmaforge.train.collate import image_sizes
+
+    if vision is None or not pictures:
+        return 0
+    return sum(vision.soft_token_counts(image_sizes(pictures))) + 4 * len(pictures)  # with begin/end and margins
 
 
 def answer_all(engine: EngineGenerator, cases: list[Case], probe_chats: list[list[dict[str, str]]],
                sampling: Sampling) -> Answers:
     start = time.perf_counter()
-    suite = engine.generate([c.messages for c in cases], sampling)
+    suite = engine.generate([c.messages for c in cases], sampling, [c.images for c in cases])
     probes = engine.generate(probe_chats, Sampling(min(PROBE_TOKENS, sampling.max_new_tokens), sampling.do_sample,
                                                     sampling.temperature, sampling.top_p, sampling.seed))
     return Answers(suite, probes, time.perf_counter() - start)
@@ -238,6 +259,8 @@ def case_records(cases: list[Case], answers: dict[str, Answers]) -> list[dict[st
     for i, case in enumerate(cases):
         record: dict[str, Any] = {"id": case.id, "messages": case.messages, "reference": case.reference,
                                   "checks": [c.describe() for c in case.checks]}
+        if case.images:
+            record["images"] = [str(path) for path in case.images]
         for side, got in answers.items():
             gen = got.suite[i]
             results = [c.passes(gen.text) for c in case.checks]

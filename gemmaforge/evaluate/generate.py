@@ -7,12 +7,15 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
-from gemmaforge.errors import StageError
+from gemmaforge.data.formats import IMAGE_PLACEHOLDER
+from gemmaforge.errors import StageError, UserError
 from gemmaforge.families import Family
 from gemmaforge.inference.jobs import Delta, Engine, Failed, Job, Params
 from gemmaforge.templates import Message, render_conversation
+from gemmaforge.vision import decode_image
 
 
 @dataclass(frozen=True)
@@ -50,13 +53,27 @@ class EngineGenerator:
     def __init__(self, engine: Engine, tokenizer: Any, adapter: str | None = None):
         self.engine, self.tokenizer, self.adapter = engine, tokenizer, adapter
 
-    def generate(self, conversations: list[list[Message]], sampling: Sampling) -> list[Generation]:
-        prompts = [prompt_ids(self.tokenizer, self.engine.family, m) for m in conversations]
+    def generate(self, conversations: list[list[Message]], sampling: Sampling,
+                 images: list[list[Path]] | None = None) -> list[Generation]:
+        """`images`: each conversation's pictures, where its text has `<image>` (or the family's placeholder)."""
+        prompts = [self._prompt(m, images[i] if images else [], i) for i, m in enumerate(conversations)]
         return asyncio.run(self._answers(prompts, sampling))
 
-    async def _answers(self, prompts: list[list[int]], sampling: Sampling) -> list[Generation]:
+    def _prompt(self, messages: list[Message], pictures: list[Path], index: int) -> tuple[list[int], Any]:
+        family = self.engine.family
+        if not pictures:
+            return prompt_ids(self.tokenizer, family, messages), None
+        messages = [{**m, "content": m["content"].replace(IMAGE_PLACEHOLDER, family.chat.image)} for m in messages]
+        text = render_conversation(messages, family, add_generation_prompt=True).text
+        try:
+            return self.engine.encode_images(text, [decode_image(p.read_bytes(), str(p)) for p in pictures])
+        except ValueError as e:
+            raise UserError(f"eval: conversation {index + 1} has images: {e}") from None
+
+    async def _answers(self, prompts: list[tuple[list[int], Any]], sampling: Sampling) -> list[Generation]:
         loop = asyncio.get_running_loop()
-        jobs = [Job(ids, sampling.params(i), self.adapter, loop, stream=False) for i, ids in enumerate(prompts)]
+        jobs = [Job(ids, sampling.params(i), self.adapter, loop, stream=False, images=images)
+                for i, (ids, images) in enumerate(prompts)]
         for job in jobs:
             self.engine.submit(job)
         return [await _generation(job) for job in jobs]

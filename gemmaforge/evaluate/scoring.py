@@ -18,14 +18,18 @@ from gemmaforge.templates import IGNORE_INDEX, Message
 ASSETS = resources.files("gemmaforge.evaluate") / "assets"
 
 
-def mean_loss(model: Any, examples: list[dict[str, list[int]]], pad_token_id: int, batch_size: int) -> float | None:
-    """Mean next-token cross-entropy over the supervised tokens of all examples (None when there are none)."""
+def mean_loss(model: Any, examples: list[dict[str, Any]], pad_token_id: int, batch_size: int,
+              vision: Any = None) -> float | None:
+    """Mean next-token cross-entropy over the supervised tokens of all examples (None when there are none); examples
+    with images are scored with their pictures (`vision`: the model's ImagePrompt)."""
     import torch
 
-    from gemmaforge.train.collate import RightPadCollator
+    from gemmaforge.train.collate import ImageBatches, RightPadCollator
     from gemmaforge.train.loss import supervised_loss
 
-    collate = RightPadCollator(pad_token_id)
+    collate: Any = RightPadCollator(pad_token_id)
+    if vision is not None:
+        collate = ImageBatches(collate, vision)
     total, count = 0.0, 0
     model.eval()
     with torch.no_grad():

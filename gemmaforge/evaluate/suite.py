@@ -7,6 +7,9 @@ A suite file is YAML (`cases: [...]`) or JSON Lines (one case per line):
         system: "你是咖啡师。"           # optional
         reference: "90到96摄氏度。"       # optional
         checks: [{starts_with: "您好"}, {contains: "摄氏度"}, {max_chars: 200}]
+      - prompt: "What is on this receipt's total line?"
+        image: receipts/0412.jpg        # or images: [a.png, b.png]; relative to the suite; <image> places them
+        checks: [{contains: "42.50"}]
 
 Errors name the file, the case and its line, and list the known checks.
 """
@@ -23,6 +26,8 @@ from typing import Any
 
 import yaml
 
+from gemmaforge.data.formats import IMAGE_PLACEHOLDER
+from gemmaforge.data.images import ImageFinder
 from gemmaforge.errors import UserError
 from gemmaforge.templates import Message
 
@@ -70,6 +75,7 @@ class Case:
     reference: str | None = None
     checks: list[Check] = field(default_factory=list)
     id: str = ""
+    images: list[Path] = field(default_factory=list)  # in the order of the <image> placeholders in `messages`
 
     @property
     def prompt(self) -> str:
@@ -89,7 +95,8 @@ def load_suite(path: Path) -> list[Case]:
     items = _jsonl_items(path, text) if path.suffix.lower() in (".jsonl", ".ndjson") else _yaml_items(path, text)
     if not items:
         raise UserError(f"{path}: the suite has no cases")
-    return [_parse_case(raw, f"{path} case {i + 1} (line {line})", i) for i, (raw, line) in enumerate(items)]
+    return [_parse_case(raw, f"{path} case {i + 1} (line {line})", i, path.parent)
+            for i, (raw, line) in enumerate(items)]
 
 
 def _jsonl_items(path: Path, text: str) -> list[tuple[Any, int]]:
@@ -122,10 +129,10 @@ def _yaml_items(path: Path, text: str) -> list[tuple[Any, int]]:
     return [(raw, node.start_mark.line + 1) for raw, node in zip(data["cases"], cases_node.value)]
 
 
-_CASE_KEYS = ("id", "prompt", "messages", "system", "reference", "checks")
+_CASE_KEYS = ("id", "prompt", "messages", "system", "reference", "checks", "image", "images")
 
 
-def _parse_case(raw: Any, where: str, index: int) -> Case:
+def _parse_case(raw: Any, where: str, index: int, folder: Path) -> Case:
     if not isinstance(raw, dict):
         raise UserError(f"{where}: expected a mapping with prompt, and optionally system, reference, checks")
     unknown = set(raw) - set(_CASE_KEYS)
@@ -138,7 +145,26 @@ def _parse_case(raw: Any, where: str, index: int) -> Case:
     checks = raw.get("checks") or []
     if not isinstance(checks, list):
         raise UserError(f"{where}: `checks` must be a list, e.g. [{{starts_with: '...'}}, {{max_chars: 200}}]")
-    return Case(messages, reference, [_parse_check(c, where) for c in checks], str(raw.get("id") or index + 1))
+    return Case(messages, reference, [_parse_check(c, where) for c in checks], str(raw.get("id") or index + 1),
+                _case_images(raw, messages, where, folder))
+
+
+def _case_images(raw: dict[str, Any], messages: list[Message], where: str, folder: Path) -> list[Path]:
+    """`image: PATH` or `images: [PATH, ...]` (relative to the suite's folder), checked now; placed where the
+    text has `<image>`, else before the last user turn's text (as Ollama places a message's images)."""
+    if "image" in raw and "images" in raw:
+        raise UserError(f"{where}: give `image` (one path) or `images` (a list), not both")
+    names = [raw["image"]] if "image" in raw else raw.get("images", [])
+    if not isinstance(names, list) or not all(isinstance(n, str) and n.strip() for n in names):
+        raise UserError(f"{where}: `image` must be a path, `images` a list of paths")
+    finder = ImageFinder(folder)  # suites name files; nothing is written
+    found = [finder.find(name, folder, f"{where}: image {i + 1}").path for i, name in enumerate(names)]
+    placed = sum(m["content"].count(IMAGE_PLACEHOLDER) for m in messages)
+    if found and not placed:
+        messages[-1]["content"] = IMAGE_PLACEHOLDER * len(found) + messages[-1]["content"]
+    elif placed != len(found):
+        raise UserError(f"{where}: {len(found)} image(s) but {placed} {IMAGE_PLACEHOLDER} placeholder(s) in the text")
+    return found
 
 
 def _case_messages(raw: dict[str, Any], where: str) -> list[Message]:
@@ -191,12 +217,14 @@ def _parse_check(raw: Any, where: str) -> Check:
     return Check(name, value)
 
 
-def val_sample_suite(conversations: list[list[Message]], n: int, seed: int) -> list[Case]:
+def val_sample_suite(conversations: list[list[Message]], n: int, seed: int,
+                     images: list[list[Path]] | None = None) -> list[Case]:
     """The default suite: up to n val conversations, each cut before its last answer, which becomes
-    the reference."""
+    the reference (with the conversation's images)."""
     chosen = sorted(random.Random(seed).sample(range(len(conversations)), min(n, len(conversations))))
     return [
-        Case(conversations[i][:-1], conversations[i][-1]["content"], id=f"val-{i + 1}")
+        Case(conversations[i][:-1], conversations[i][-1]["content"], id=f"val-{i + 1}",
+             images=images[i] if images else [])
         for i in chosen
         if len(conversations[i]) >= 2 and conversations[i][-1]["role"] == "assistant"
     ]

@@ -19,7 +19,7 @@ from gemmaforge.errors import StageError
 from gemmaforge.export.gguf_shards import exports_in
 from gemmaforge.families import Family
 from gemmaforge.runs import RunDir, atomic_write_text
-from gemmaforge.templates import render_conversation
+from gemmaforge.templates import Message, render_conversation
 
 F16_MIN_TOP1 = 0.99
 MAX_TOKENS = 256  # per conversation: enough positions, bounded logits memory (tokens x 262k floats)
@@ -37,8 +37,8 @@ def verify_run(run: RunDir, family: Family, n_prompts: int = 8) -> dict[str, Any
     conversations = read_prepared(run.require(run.data_dir / "val.jsonl", "data"))[:n_prompts]
     if not conversations:
         conversations = read_prepared(run.data_dir / "train.jsonl")[:n_prompts]
-    sequences = [tokenizer(render_conversation(c, family).text, add_special_tokens=False).input_ids[:MAX_TOKENS]
-                 for c in conversations]
+    sequences = [tokenizer(render_conversation(text_only(c, family), family).text,
+                           add_special_tokens=False).input_ids[:MAX_TOKENS] for c in conversations]
     model = AutoModelForCausalLM.from_pretrained(merged, dtype=torch.float32)
     with torch.no_grad():
         reference = [model(torch.tensor([ids])).logits[0].numpy() for ids in sequences]  # (T, V) each
@@ -56,6 +56,12 @@ def verify_run(run: RunDir, family: Family, n_prompts: int = 8) -> dict[str, Any
             f"{F16_MIN_TOP1:.0%}: the f16 export does not compute what the merged model computes"
         )
     return report
+
+
+def text_only(messages: list[Message], family: Family) -> list[Message]:
+    """The conversation without its image placeholders: the text model's logits are compared here (images go
+    through the projector, which eval's llama.cpp engine answers with)."""
+    return [{**m, "content": m["content"].replace(family.chat.image, "")} for m in messages]
 
 
 def read_back(parts: list[Path]) -> dict[str, Any]:

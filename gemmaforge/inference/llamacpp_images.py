@@ -19,6 +19,16 @@ from typing import Any
 from gemmaforge.families import Family
 
 
+def projector_beside(gguf: Path) -> tuple[Path | None, str | None]:
+    """The projector `export gguf` writes beside a multimodal model's file (mmproj*.gguf), or None and why not when
+    there are several."""
+    projectors = sorted(gguf.parent.glob("mmproj*.gguf"))
+    if len(projectors) > 1:
+        return None, (f"{len(projectors)} projector files (mmproj*.gguf) beside {gguf.name}: keep the one that "
+                      "belongs to it")
+    return (projectors[0] if projectors else None), None
+
+
 class Projector:
     """An mtmd context over `path` for the loaded `llm`; its calls are serialised (request threads tokenize,
     the engine thread evaluates)."""

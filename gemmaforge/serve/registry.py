@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, cast
 from gemmaforge.errors import UserError
 from gemmaforge.families import FAMILIES, Family
 from gemmaforge.inference.jobs import Engine
+from gemmaforge.inference.llamacpp_images import projector_beside
 from gemmaforge.models import EMBEDDED_NAME, ResolvedModel, resolve_model
 from gemmaforge.vision import ImagePrompt
 
@@ -189,12 +190,10 @@ class Registry:
         if not path.is_file():
             raise UserError(f"{path}: GGUF file not found")
         family = _gguf_family(path)
-        projectors = sorted(path.parent.glob("mmproj*.gguf"))  # as `export gguf` writes it beside a multimodal model
-        several = (f"{len(projectors)} projector files (mmproj*.gguf) beside {path.name}: keep the one that belongs "
-                   "to it") if len(projectors) > 1 else None
+        mmproj, several = projector_beside(path)  # as `export gguf` writes it beside a multimodal model
         engine = self._engine(path.resolve(), lambda: LlamaCppEngine(
             path, family, num_ctx=self.num_ctx, max_queue=self.max_queue, files=shard_set(path),
-            mmproj=projectors[0] if len(projectors) == 1 else None, no_vision=several))
+            mmproj=mmproj, no_vision=several))
         return self._register(Served(name, engine, None, family, source or path))
 
     def _transformers_engine(self, base: ResolvedModel, reference: str) -> TransformersEngine:

@@ -42,8 +42,11 @@ def tokenize_conversations(
         if pictures:
             if vision is None:
                 raise UserError(f"{source} line {i + 1} has images, and the model reads none")
-            ids, labels = _encode_with_images(messages, pictures, vision, tokenizer, family, cutoff_len,
-                                              train_on_prompt=train_on_prompt, mask_history=mask_history)
+            _, whole, labels, _ = encode_with_images(messages, pictures, vision, tokenizer, family,
+                                                     train_on_prompt=train_on_prompt, mask_history=mask_history)
+            ids, labels = whole[:cutoff_len], labels[:cutoff_len]
+            if ids.count(vision.image_token_id) != whole.count(vision.image_token_id):
+                ids = []  # the cutoff cuts into an image: its features would not line up with its tokens
         else:
             ids, labels = encode_for_training(
                 messages, tokenizer, family, cutoff_len, train_on_prompt=train_on_prompt, mask_history=mask_history
@@ -58,26 +61,30 @@ def tokenize_conversations(
     return examples, dropped
 
 
-def _encode_with_images(messages: list[Message], pictures: list[Path], vision: ImagePrompt, tokenizer: Any,
-                        family: Family, cutoff_len: int, **options: bool) -> tuple[list[int], list[int]]:
-    """Ids and labels with each image's tokens in place of its placeholder, never supervised; nothing when the
-    cutoff would cut into an image (its features would not line up with its tokens)."""
+def image_sizes(pictures: list[Path]) -> list[tuple[int, int]]:
+    """(width, height) of each picture, from its header: an image's token count follows from its size."""
     from PIL import Image
 
-    rendered = render_conversation(messages, family, **options)
     sizes = []
     for path in pictures:
-        with Image.open(path) as image:  # the header: an image's token count follows from its size
+        with Image.open(path) as image:
             sizes.append(image.size)
-    counts = vision.soft_token_counts(sizes)
+    return sizes
+
+
+def encode_with_images(messages: list[Message], pictures: list[Path], vision: ImagePrompt, tokenizer: Any,
+                       family: Family, **options: bool) -> tuple[str, list[int], list[int], list[tuple[int, int]]]:
+    """(text, ids, labels, offsets) of a conversation with each image's tokens in place of its placeholder, as the
+    checkpoint's processor writes them; image tokens are never supervised. Untruncated."""
+    rendered = render_conversation(messages, family, **options)
+    counts = vision.soft_token_counts(image_sizes(pictures))
     text, spans = vision.expand_rendered(rendered.text, rendered.supervised, counts)
     enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
-    ids: list[int] = enc["input_ids"][:cutoff_len]
-    if sum(token == vision.image_token_id for token in ids) != sum(counts):
-        return [], []
+    ids, offsets = enc["input_ids"], [tuple(o) for o in enc["offset_mapping"]]
     image_ids = vision.image_token_ids(tokenizer)
-    labels = supervised_labels(ids, enc["offset_mapping"], spans)
-    return ids, [IGNORE_INDEX if token in image_ids else label for token, label in zip(ids, labels)]
+    labels = [IGNORE_INDEX if token in image_ids else label
+              for token, label in zip(ids, supervised_labels(ids, offsets, spans))]
+    return text, ids, labels, offsets
 
 
 class ImageBatches:

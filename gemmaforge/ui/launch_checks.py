@@ -8,11 +8,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gemmaforge.config import RunConfig
-from gemmaforge.data.inspect import conversations, encode, token_spans
+from gemmaforge.data.inspect import encoded_conversations, token_spans
 from gemmaforge.data.prepare import resolve_sources
 from gemmaforge.models import ResolvedModel, load_tokenizer, resolve_model
-from gemmaforge.templates import IGNORE_INDEX, check_features
+from gemmaforge.templates import IGNORE_INDEX
 from gemmaforge.train.memory_plan import Plan, plan_config, plan_summary
+from gemmaforge.vision import ImagePrompt
 
 
 @dataclass(frozen=True)
@@ -20,7 +21,7 @@ class Preview:
     where: str  # file and line (or record) of the conversation
     tokens: int
     supervised: int  # within cutoff_len
-    spans: list[tuple[str, str]]  # (text, 'prompt' | 'supervised' | 'cut')
+    spans: list[tuple[str, str]]  # (text, 'prompt' | 'supervised' | 'image' | 'cut')
 
 
 def base_of(config: RunConfig, home: Path) -> ResolvedModel:
@@ -32,15 +33,14 @@ def preview(config: RunConfig, base: ResolvedModel, n: int = 3) -> list[Preview]
     tokenizer = load_tokenizer(base.path)
     (source, *_), _ = resolve_sources(config.data)
     cutoff, shown = config.train.cutoff_len, []
-    for where, messages in conversations(source.path, source.schema, config.data.system):
+    for e in encoded_conversations(source.path, source.schema, config.data.system, tokenizer, base.family,
+                                   train_on_prompt=config.data.train_on_prompt, mask_history=config.data.mask_history,
+                                   vision=ImagePrompt.of(base.path, base.spec, tokenizer)):
         if len(shown) == n:
             break
-        check_features(messages, base.family, where)
-        text, ids, labels, offsets = encode(messages, tokenizer, base.family,
-                                            train_on_prompt=config.data.train_on_prompt,
-                                            mask_history=config.data.mask_history)
-        supervised = sum(label != IGNORE_INDEX for label in labels[:cutoff])
-        shown.append(Preview(where, len(ids), supervised, token_spans(text, labels, offsets, cutoff)))
+        supervised = sum(label != IGNORE_INDEX for label in e.labels[:cutoff])
+        spans = token_spans(e.text, e.labels, e.offsets, cutoff, getattr(tokenizer, "image_token", None))
+        shown.append(Preview(e.where, len(e.ids), supervised, spans))
     return shown
 
 

@@ -81,6 +81,34 @@ def test_bad_suites_name_the_line_or_case(tmp_path: Path, text: str, name: str, 
     assert expected in str(info.value)
 
 
+def test_image_cases_place_their_pictures(tmp_path: Path) -> None:
+    """`image:` opens the prompt with its picture (as Ollama places a message's images); `<image>` places them."""
+    from PIL import Image
+
+    (tmp_path / "pics").mkdir()
+    for name in ("a", "b"):
+        Image.new("RGB", (8, 8), (9, 9, 9)).save(tmp_path / "pics" / f"{name}.png")
+    suite = ("cases:\n  - prompt: What is it?\n    image: pics/a.png\n"
+             "  - prompt: 'Compare <image> with <image>.'\n    images: [pics/b.png, pics/a.png]\n")
+    first, second = load_suite(write(tmp_path, suite, "suite.yaml"))
+    assert first.messages[-1]["content"] == "<image>What is it?" and first.images == [tmp_path / "pics" / "a.png"]
+    assert second.messages[-1]["content"] == "Compare <image> with <image>."
+    assert second.images == [tmp_path / "pics" / "b.png", tmp_path / "pics" / "a.png"]
+
+
+@pytest.mark.parametrize(("case", "expected"), [
+    ("image: pics/none.png", "case 1 (line 2): image 1: image pics/none.png not found"),
+    ("image: a.png\n    images: [a.png]", "give `image` (one path) or `images` (a list), not both"),
+    ("images: pics/a.png", "`images` a list of paths"),
+    ("image: notes.txt", "is not a picture PIL can read"),
+])
+def test_bad_image_cases_name_the_case(tmp_path: Path, case: str, expected: str) -> None:
+    (tmp_path / "notes.txt").write_text("words")
+    with pytest.raises(UserError) as info:
+        load_suite(write(tmp_path, f"cases:\n  - prompt: What is it?\n    {case}\n", "suite.yaml"))
+    assert expected in str(info.value)
+
+
 def test_missing_suite_file(tmp_path: Path) -> None:
     with pytest.raises(UserError, match="suite file not found"):
         load_suite(tmp_path / "nope.yaml")

@@ -184,3 +184,23 @@ def test_video_columns_are_still_refused(llamafactory_data: Path, checkpoint_of,
     assert prepare(llamafactory_data, checkpoint_of("gemma3-mm"), tmp_path / "out", "--dataset",
                    "mllm_video_demo") == 2
     assert "columns.videos: video data is not supported" in capsys.readouterr().err
+
+
+def test_inspect_shows_each_image_slot_and_counts_its_tokens(llamafactory_data: Path, checkpoint_of, capsys) -> None:
+    """`data inspect` on LLaMA-Factory's file itself: one slot per image with the processor's token count, the same
+    lengths `data prepare` records, and --json naming the pictures."""
+    model = checkpoint_of("gemma4-e2b")
+    source = llamafactory_data / "mllm_demo.json"
+    assert main(["data", "inspect", str(source), "--model", str(model), "-n", "1"]) == 0
+    shown = capsys.readouterr().out
+    assert "conversation 1: " in shown and "2 image(s)" in shown
+    assert shown.count("x <|image|>]") == 2  # the first conversation's two pictures, each one slot
+    assert main(["data", "inspect", str(source), "--model", str(model), "--json"]) == 0
+    rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    image_id = load_tokenizer(model).image_token_id
+    records = json.loads(source.read_text())
+    assert [row["images"] for row in rows] == [[str((llamafactory_data / p).resolve()) for p in r["images"]]
+                                               for r in records]
+    for row in rows:
+        supervised = [t for t, label in zip(row["input_ids"], row["labels"]) if label != -100]
+        assert image_id in row["input_ids"] and image_id not in supervised

@@ -16,10 +16,10 @@ from PIL import Image
 
 from gemmaforge.cli import main
 from gemmaforge.model_spec import read_spec
-from gemmaforge.models import load_causal_lm, load_tokenizer
-from gemmaforge.templates import IGNORE_INDEX, render_conversation
+from gemmaforge.models import load_tokenizer
+from gemmaforge.templates import IGNORE_INDEX
 from gemmaforge.train.collate import ImageBatches, RightPadCollator, tokenize_conversations
-from gemmaforge.vision import ImagePrompt, decode_image
+from gemmaforge.vision import ImagePrompt
 from tests.helpers import run_config
 
 KINDS = ["gemma3-mm", "gemma4-e2b"]
@@ -52,33 +52,13 @@ def trained_scale_copy(source: Path, target: Path) -> Path:
     return target
 
 
-def answers(model_dir: Path, held_out: list[tuple[str, Path]], adapter: Path | None = None) -> list[str]:
-    """Greedy answers to QUESTION about each picture, with the processor's inputs (as `gemmaforge serve` sends)."""
-    spec = read_spec(model_dir)
-    tokenizer = load_tokenizer(model_dir)
-    vision = ImagePrompt.load(model_dir, spec, tokenizer)
-    model = load_causal_lm(model_dir, spec, torch.float32)
-    if adapter is not None:
-        from peft import PeftModel
-
-        model = PeftModel.from_pretrained(model, adapter)
-    out = []
-    for _, path in held_out:
-        prompt = render_conversation([{"role": "user", "content": spec.family.chat.image + QUESTION}], spec.family,
-                                     add_generation_prompt=True).text
-        text, inputs = vision.expand(prompt, [decode_image(path.read_bytes(), str(path))])
-        ids = torch.tensor([tokenizer(text, add_special_tokens=False).input_ids])
-        with torch.no_grad():
-            new = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=4,
-                                 do_sample=False, **inputs, **vision.token_types(ids))[0, ids.shape[1]:]
-        out.append(tokenizer.decode(new, skip_special_tokens=True).strip())
-    return out
-
-
+@pytest.mark.integration
 @pytest.mark.parametrize("kind", KINDS)
-def test_visual_signature_is_learned(kind: str, checkpoint_of, tmp_path: Path) -> None:
-    """A folder of pictures with a file_name JSONL (and text records mixed in) -> `gemmaforge train` -> the
-    tuned model names the colour of six pictures it never saw; the base names none."""
+def test_visual_signature_is_learned_and_kept_in_gguf(kind: str, checkpoint_of, tmp_path: Path) -> None:
+    """A folder of pictures with a file_name JSONL (and text records mixed in) -> `gemmaforge run` -> eval on six
+    pictures never seen, in a suite of `image:` cases: the base names none of their colours, the tuned model (the
+    adapter in transformers) names all six, and so does llama.cpp with the exported GGUF and projector, word for
+    word."""
     model = trained_scale_copy(checkpoint_of(kind), tmp_path / "model")
     rng = np.random.default_rng(0)
     data = tmp_path / "data"
@@ -90,24 +70,31 @@ def test_visual_signature_is_learned(kind: str, checkpoint_of, tmp_path: Path) -
         rows.append({"file_name": f"{i}.png", "instruction": QUESTION, "output": name})
     rows += [{"instruction": f"Say the number {i}.", "output": str(i)} for i in range(6)]
     (data / "metadata.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    held_out = []
+    (tmp_path / "held-out").mkdir()
+    cases = []
     for name, colour in COLOURS.items():
         for j in range(2):
-            held_out.append((name, tmp_path / f"held-{name}{j}.png"))
-            picture(colour, rng).save(held_out[-1][1])
+            picture(colour, rng).save(tmp_path / "held-out" / f"{name}{j}.png")
+            cases.append({"prompt": QUESTION, "image": f"held-out/{name}{j}.png", "checks": [{"regex": f"^{name}$"}]})
+    (tmp_path / "suite.yaml").write_text(json.dumps({"cases": cases}))  # JSON is YAML
     config = tmp_path / "run.yaml"
     config.write_text(json.dumps({
         "output_dir": str(tmp_path / "run"), "model": {"name_or_path": str(model)},
         "data": {"path": str(data), "val_size": 3},
         "lora": {"r": 8, "lora_alpha": 16, "target_modules": "all-linear"},
-        "train": {"max_steps": 100, "per_device_train_batch_size": 4, "learning_rate": 5e-3, "cutoff_len": 1024,
+        "train": {"max_steps": 200, "per_device_train_batch_size": 4, "learning_rate": 5e-3, "cutoff_len": 1024,
                   "logging_steps": 10, "save_steps": 1000, "seed": 1},
+        "eval": {"suite": str(tmp_path / "suite.yaml"), "engine": "llamacpp", "retention": False},
+        "export": {"gguf": ["f16"]},
     }))
-    assert main(["train", str(config)]) == 0
-    expected = [name for name, _ in held_out]
-    base, tuned = answers(model, held_out), answers(model, held_out, tmp_path / "run" / "adapter")
-    assert sum(a == e for a, e in zip(base, expected)) == 0, base
-    assert tuned == expected
+    assert main(["run", str(config)]) == 0
+    results = json.loads((tmp_path / "run" / "eval" / "results.json").read_text())
+    expected = [case["checks"][0]["regex"].strip("^$") for case in cases]
+    assert results["base"]["suite_pass_rate"] == 0.0
+    assert results["agreement"]["merged_answers"] == expected  # transformers, the adapter on the base
+    assert [case["tuned"]["answer"] for case in results["cases"]] == expected  # llama.cpp: GGUF + projector
+    assert results["tuned"]["suite_pass_rate"] == 1.0 and results["agreement"]["exact_match"] == 1.0
+    assert sorted(p.name for p in (tmp_path / "run" / "gguf").glob("mmproj*.gguf")) == ["mmproj-f16.gguf"]
 
 
 def examples(kind: str, checkpoint_of, tmp_path: Path, train_on_prompt: bool = False):
