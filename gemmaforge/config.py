@@ -116,6 +116,14 @@ class LoraSection(Section):
     use_rslora: bool = Field(False, description="scale by lora_alpha / sqrt(r) instead of lora_alpha / r")
     use_dora: bool = Field(False, description="weight-decomposed LoRA (slower steps; merge before GGUF)")
     modules_to_save: list[str] | None = Field(None, description="modules trained in full and saved with the adapter")
+    freeze_vision_tower: bool = Field(
+        True, description="keep the vision tower as it is (LLaMA-Factory's key); false: LoRA on its linear layers "
+        "too, with the same r and alpha (pictures unlike the tower's pretraining: documents, screenshots, X-rays)",
+    )
+    freeze_multi_modal_projector: bool = Field(
+        True, description="keep the projector from the vision tower into the text embeddings (LLaMA-Factory's key); "
+        "false: train it in full, saved with the adapter",
+    )
     train_template_tokens: bool = Field(
         True,
         description="also train the embedding rows of the chat markers (<start_of_turn>, <end_of_turn>): base "

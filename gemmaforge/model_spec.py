@@ -27,6 +27,9 @@ class Architecture:
     language_prefix: str  # module path of the decoder ("model" for text-only causal LMs)
     # module paths of the parts LoRA never touches: towers and the projectors into the text width
     tower_prefixes: tuple[str, ...] = ()
+    # the image path, which training may adapt (lora.freeze_vision_tower / lora.freeze_multi_modal_projector)
+    vision_tower: str | None = None
+    vision_projector: str | None = None
 
 
 ARCHITECTURES: dict[str, Architecture] = {
@@ -38,10 +41,12 @@ ARCHITECTURES: dict[str, Architecture] = {
         Architecture("Gemma4ForCausalLM", "Gemma 4 text", "model"),
         # transformers' modeling_gemma3.py: Gemma3Model holds vision_tower, multi_modal_projector, language_model
         Architecture("Gemma3ForConditionalGeneration", "Gemma 3 multimodal (4B, 12B, 27B)", "model.language_model",
-                     ("model.vision_tower", "model.multi_modal_projector")),
+                     ("model.vision_tower", "model.multi_modal_projector"), "model.vision_tower",
+                     "model.multi_modal_projector"),
         # modeling_gemma4.py: Gemma4Model holds vision_tower, audio_tower, embed_vision, embed_audio, language_model
         Architecture("Gemma4ForConditionalGeneration", "Gemma 4 (E2B, E4B, 26B-A4B, 31B)", "model.language_model",
-                     ("model.vision_tower", "model.audio_tower", "model.embed_vision", "model.embed_audio")),
+                     ("model.vision_tower", "model.audio_tower", "model.embed_vision", "model.embed_audio"),
+                     "model.vision_tower", "model.embed_vision"),
         # modeling_gemma4_unified.py: Gemma4UnifiedModel holds language_model, embed_vision (the encoder-free vision
         # input: patch LayerNorms, patch Linear, position embedding, projection) and embed_audio (RMSNorm -> Linear
         # over raw waveform frames); no vision or audio tower. Its text model (gemma4_unified_text) is Gemma 4's.

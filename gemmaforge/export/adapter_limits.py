@@ -16,6 +16,8 @@ def require_plain_lora(config: dict[str, Any], adapter_dir: Path, *, dora: str, 
     if config.get("target_parameters"):
         raise UserError(f"{adapter_dir} adapts expert weights ({', '.join(config['target_parameters'])}){other}: "
                         f"{instead}")
+    if "vision_tower" in str(config.get("target_modules") or ""):
+        raise UserError(f"{adapter_dir} adapts the vision tower (lora.freeze_vision_tower: false){other}: {instead}")
     if config.get("modules_to_save"):
         raise UserError(f"{adapter_dir} trains whole modules ({', '.join(config['modules_to_save'])}){other}: "
                         f"{instead}")

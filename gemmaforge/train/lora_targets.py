@@ -1,4 +1,5 @@
-"""Which modules LoRA wraps: the language model's linear layers, never a tower, projector or MoE router.
+"""Which modules LoRA wraps: the language model's linear layers, never an audio tower or a MoE router, and the
+vision tower and projector only when training is told to adapt them (`with_vision`).
 
 PEFT matches plain names (`q_proj`) anywhere in the model, so on a multimodal checkpoint they also hit
 the vision and audio towers (Gemma 4's towers use `Gemma4ClippableLinear`, which PEFT refuses with a
@@ -14,6 +15,7 @@ from typing import Any
 from torch import nn
 
 from gemmaforge.errors import UserError
+from gemmaforge.model_spec import ARCHITECTURES
 
 # A MoE layer's router decides which experts see a token; training it is not LoRA fine-tuning.
 _NEVER = re.compile(r"(^|\.)router\.")
@@ -56,6 +58,31 @@ def resolve_lora_targets(model: Any, requested: list[str] | str,
         return names
     alternatives = "|".join(re.escape(n) for n in names)
     return rf"{re.escape(prefix)}\.(?:.*\.)?(?:{alternatives})"
+
+
+def with_vision(model: Any, targets: list[str] | str, *, tower: bool, projector: bool) -> tuple[list[str] | str,
+                                                                                          list[str]]:
+    """The LoRA targets widened to the vision tower's linear layers when `tower` (its frozen default lifted), and the
+    projector's module path when `projector`, to be trained in full (PEFT's modules_to_save). A checkpoint without
+    that part is a UserError naming the config key."""
+    if not (tower or projector):
+        return targets, []
+    name = type(model).__name__
+    architecture = ARCHITECTURES.get(name)
+    for wanted, key, part in ((tower, "freeze_vision_tower", "vision_tower"),
+                              (projector, "freeze_multi_modal_projector", "vision_projector")):
+        if wanted and (architecture is None or getattr(architecture, part) is None):
+            raise UserError(f"lora.{key}: false, but {name} has no {part.replace('_', ' ')}")
+    assert architecture is not None
+    if not tower:
+        return targets, [architecture.vision_projector] if projector else []
+    prefix, _ = language_linears(model)
+    language = targets if isinstance(targets, str) else \
+        rf"{re.escape(prefix)}\.(?:.*\.)?(?:{'|'.join(re.escape(n) for n in targets)})"
+    tower_linears = [name for name, module in model.named_modules()
+                     if name.startswith(f"{architecture.vision_tower}.") and isinstance(module, nn.Linear)]
+    pattern = f"(?:{language})|(?:{'|'.join(re.escape(name) for name in tower_linears)})"
+    return pattern, [architecture.vision_projector] if projector else []
 
 
 def resolve_lora_parameters(model: Any, requested: list[str], config_key: str = "lora.target_parameters") -> list[str]:
