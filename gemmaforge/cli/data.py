@@ -18,9 +18,14 @@ DATA_EPILOG = """formats: alpaca (instruction/input/output, optional system, his
 from/value: human, gpt, system), openai (messages of role/content), in JSON, JSONL, CSV or Parquet; or a
 LLaMA-Factory data folder (dataset_info.json) with --dataset NAME.
 
+images (Gemma 3 4B+ and Gemma 4, with --model naming one): an `images` column with one <image> in the text per
+picture (LLaMA-Factory), OpenAI image_url content parts (local paths or data URIs), or a folder of pictures with
+a JSONL whose file_name column names each record's picture; every picture is checked here.
+
 examples:
   gemmaforge data prepare chats.jsonl -o prepared/chats clean.dedup=near
   gemmaforge data prepare LLaMA-Factory/data --dataset alpaca_zh_demo,identity
+  gemmaforge data prepare LLaMA-Factory/data --dataset mllm_demo --model google/gemma-3-4b-it
   gemmaforge data inspect prepared/chats/train.jsonl -n 2
   gemmaforge data inspect chats.jsonl --json -n 1 | jq .labels
 """
