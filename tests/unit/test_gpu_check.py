@@ -1,0 +1,54 @@
+"""benchmarks/gpu_check.py's plumbing on a machine without a GPU: every step reported, the GPU steps skipped with
+the reason, the CPU ones run; a step's failure or time limit never stops the check."""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+SCRIPT = Path(__file__).parents[2] / "benchmarks" / "gpu_check.py"
+
+
+def load_script():
+    spec = importlib.util.spec_from_file_location("gpu_check", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_dry_run_reports_every_step(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    proc = subprocess.run([sys.executable, str(SCRIPT), "--out", str(out), "--dry-run"], capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    results = json.loads((out / "gpu_check.json").read_text())
+    steps = results["steps"]
+    assert list(steps) == list(load_script().STEPS)
+    for name in ("matmul", "train_bf16", "qlora", "merge_export_verify", "serve", "vllm"):
+        assert steps[name] == {"status": "skipped", "reason": "no GPU: --dry-run"}
+    assert steps["environment"]["status"] == "ok" and steps["environment"]["versions"]["torch"]
+    assert steps["doctor"]["status"] == "ok" and json.loads((out / "doctor.json").read_text())["schema"]
+    summary = (out / "summary.md").read_text()
+    assert all(f"| {name} | {step['status']} |" in summary for name, step in steps.items())
+    assert "===== doctor" in (out / "log.txt").read_text()
+
+
+def test_a_failing_step_is_a_finding_and_the_budget_is_kept(tmp_path: Path, monkeypatch) -> None:
+    check = load_script()
+    args = argparse.Namespace(out=tmp_path, work=tmp_path / "work", model="m", random_weights=None, dry_run=False,
+                              budget_s=10, step="matmul")
+
+    def broken(_args):
+        raise RuntimeError("out of memory")
+
+    monkeypatch.setattr(check, "step_matmul", broken)
+    check.one_step(args)
+    assert json.loads((tmp_path / "work" / "steps" / "matmul.json").read_text()) == {
+        "status": "failed", "reason": "RuntimeError: out of memory"}
+    late = check.run_step("environment", args, deadline=time.monotonic() + 1)
+    assert late == {"status": "skipped", "reason": "no time left in the 10 s budget"}
