@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import json
 from pathlib import Path
 
 from gemmaforge import pipeline
 from gemmaforge.cli.common import Verbs
-from gemmaforge.config import load_config
+from gemmaforge.config import RunConfig, load_config
 from gemmaforge.console import console
 from gemmaforge.distributed import init_if_launched
 from gemmaforge.runs import RunDir
@@ -76,6 +77,14 @@ def train(args: argparse.Namespace, home: Path) -> int:
     return 0
 
 
+def pictures_per_example(config: RunConfig) -> int:
+    """The most pictures one conversation of the run's prepared data holds (0 before the data stage ran)."""
+    stats = Path(config.output_dir) / "data" / "stats.json"
+    if not stats.is_file():
+        return 0
+    return int(json.loads(stats.read_text(encoding="utf-8")).get("images", {}).get("most_in_one", 0))
+
+
 def plan(args: argparse.Namespace, home: Path) -> int:
     """Print the plan; exit 1 when it does not fit."""
     from gemmaforge.models import resolve_model
@@ -86,6 +95,6 @@ def plan(args: argparse.Namespace, home: Path) -> int:
     gpu_memory = parse_binary_size(args.gpu_memory) if args.gpu_memory is not None else None
     strategy = args.strategy or planned_as(check_strategy())
     planned = plan_config(config, resolve_model(config.model.name_or_path, home, config.model.revision), gpu_memory,
-                          args.nproc, strategy)
+                          args.nproc, strategy, pictures_per_example(config))
     print(plan_json(planned) if args.json else plan_summary(planned))
     return 0 if planned.fits else 1

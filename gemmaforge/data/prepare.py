@@ -111,6 +111,7 @@ class Preparer:
         self.vision = vision
         self.images = ImageFinder(vision.store)
         self.with_images = 0  # conversations with images
+        self.most_images = 0  # in one conversation: the memory planner prices that many per example
         self.dedup = Deduplicator(config.clean.dedup, config.clean.near_dup_threshold)
         self.lengths: array[int] = array("I")
         self.with_tools = 0  # conversations that offer tools (a run trained on them serves tools)
@@ -188,6 +189,7 @@ class Preparer:
                                 f"{IMAGE_PLACEHOLDER} where an image goes")
             message["content"] = message["content"].replace(IMAGE_PLACEHOLDER, placeholder)
         self.with_images += 1
+        self.most_images = max(self.most_images, len(images))
         return images
 
     def _render(self, example: Example, **options: Any) -> Rendered:
@@ -361,7 +363,7 @@ def _stats(
         "changed": dict(changed),
         "tool_conversations": preparer.with_tools,
         "images": {"conversations": preparer.with_images, "references": preparer.images.references,
-                   "files": len(preparer.images.seen)},
+                   "files": len(preparer.images.seen), "most_in_one": preparer.most_images},
         "tokens": describe_lengths(preparer.lengths),
         "supervised_tokens": describe_lengths(preparer.supervised),
         "template": family.name,

@@ -178,7 +178,7 @@ def _probe_config(model_config: Any, kinds: list[str], window: int) -> Any:
 
 
 @contextlib.contextmanager
-def _uninitialised_weights() -> Iterator[None]:
+def uninitialised_weights() -> Iterator[None]:
     """Skip weight initialisation: the probe's values never matter, only what autograd keeps."""
     try:
         from transformers.initialization import no_init_weights
@@ -198,7 +198,7 @@ def _probe_model(probe_config: Any, family: Family, config: RunConfig, dtype: An
     probe_run.lora.modules_to_save = None  # full-vocabulary modules: counted with the weights, not here
     # the probe is the text model alone: an adapted vision tower or projector is not in it
     probe_run.lora.freeze_vision_tower = probe_run.lora.freeze_multi_modal_projector = True
-    with _uninitialised_weights():
+    with uninitialised_weights():
         model = AutoModelForCausalLM.from_config(probe_config, dtype=dtype,
                                                  attn_implementation=family.attn_implementation)
     for param in model.parameters():

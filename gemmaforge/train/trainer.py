@@ -159,7 +159,8 @@ def train(run: RunDir, config: RunConfig, base: ResolvedModel) -> dict[str, Any]
         if with_images:
             collator = ImageBatches(collator, vision)
 
-    plan = check_memory(config, base, precision, sharding)
+    plan = check_memory(config, base, precision, sharding,
+                        max((len(row.get("images", ())) for row in train_rows), default=0))
     model = build_peft_model(config, base, tokenizer, precision)
     args = training_arguments(config, run, precision, has_val=bool(val_rows))
     if sharding == "fsdp2":
@@ -272,11 +273,13 @@ def slow_steps(clock: StepClock, padding_share: float, config: RunConfig, base: 
         return [f"the slow-step diagnosis failed ({type(exc).__name__}: {exc})"]
 
 
-def check_memory(config: RunConfig, base: ResolvedModel, precision: str, sharding: str) -> Plan | None:
+def check_memory(config: RunConfig, base: ResolvedModel, precision: str, sharding: str,
+                 pictures_per_example: int = 0) -> Plan | None:
     """The memory plan for one rank on this device; a config that cannot fit is refused before the model loads.
     With train.check_memory=false a planner that fails only costs the plan (None)."""
     try:
-        plan = Planner(config, base, precision, this_device(), world_size(), planned_as(sharding)).plan()
+        plan = Planner(config, base, precision, this_device(), world_size(), planned_as(sharding),
+                       pictures_per_example).plan()
     except Exception as exc:  # re-raised unless the user asked to train regardless of the plan
         if config.train.check_memory:
             raise

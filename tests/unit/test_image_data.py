@@ -40,7 +40,8 @@ def test_llamafactory_mllm_demo_prepares_unchanged(llamafactory_data: Path, chec
     stats = json.loads((tmp_path / "out" / "stats.json").read_text())
     source = json.loads((llamafactory_data / "mllm_demo.json").read_text())
     assert stats["kept"] == len(source) == 6
-    assert stats["images"] == {"conversations": 6, "references": sum(len(r["images"]) for r in source), "files": 3}
+    assert stats["images"] == {"conversations": 6, "references": sum(len(r["images"]) for r in source), "files": 3,
+                               "most_in_one": max(len(r["images"]) for r in source)}
     rows = written(tmp_path / "out")
     by_first = {row["messages"][0]["content"]: row for row in rows}
     for record in source:  # the same conversation, <image> now the model's own placeholder, images by full path

@@ -241,3 +241,54 @@ def test_adapting_a_vision_part_of_a_text_model_is_refused(tiny_gemma3_dir: Path
     assert main(["train", str(config)]) == 2
     assert "lora.freeze_multi_modal_projector: false, but Gemma3ForCausalLM has no vision projector" in \
         capsys.readouterr().err
+
+
+def saved_bytes(model, batch: dict) -> int:
+    """What autograd keeps in one training forward (distinct storages, parameters not counted)."""
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    seen: dict[int, int] = {}
+    held: list = []
+
+    def keep(tensor):
+        storage = tensor.untyped_storage()
+        if storage.data_ptr() not in params:
+            seen.setdefault(storage.data_ptr(), storage.nbytes())
+        held.append(tensor)
+        return len(held) - 1
+
+    with torch.autograd.graph.saved_tensors_hooks(keep, held.__getitem__):
+        model(**batch)
+    held.clear()
+    return sum(seen.values())
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_planner_prices_what_an_adapted_tower_keeps_per_picture(kind: str, checkpoint_of, tmp_path: Path) -> None:
+    """The plan's bytes per picture (a probe of the tower alone) against a real training forward of the tiny
+    checkpoint with tower and projector adapted: a conversation with the largest picture, minus the same tokens
+    without its pixels. A frozen image path keeps nothing."""
+    from transformers import AutoConfig
+
+    from gemmaforge.models import resolve_model
+    from gemmaforge.train.vision_activations import LARGEST_PICTURE, bytes_per_picture
+    from gemmaforge.train.wrapping import build_peft_model
+
+    model_dir = checkpoint_of(kind)
+    spec, tokenizer = read_spec(model_dir), load_tokenizer(model_dir)
+    vision = ImagePrompt.load(model_dir, spec, tokenizer)
+    Image.new("RGB", LARGEST_PICTURE, (90, 20, 200)).save(tmp_path / "big.png")
+    rows, _ = tokenize_conversations(
+        [[{"role": "user", "content": spec.family.chat.image + QUESTION}, {"role": "assistant", "content": "x"}]],
+        tokenizer, spec.family, 4096, "test", images=[[tmp_path / "big.png"]], vision=vision)
+    batch = ImageBatches(RightPadCollator(tokenizer.pad_token_id), vision)(rows)
+    adapted = run_config(model={"name_or_path": str(model_dir)}, train={"packing": False},
+                         lora={"target_modules": "all-linear", "freeze_vision_tower": False,
+                               "freeze_multi_modal_projector": False})
+    model = build_peft_model(adapted, resolve_model(str(model_dir), tmp_path), tokenizer, "fp32")
+    without = {k: v for k, v in batch.items() if k not in ("pixel_values", "image_position_ids")}
+    measured = saved_bytes(model, batch) - saved_bytes(model, without)
+    config = AutoConfig.from_pretrained(model_dir)
+    planned = bytes_per_picture(config, model_dir, spec.family, adapted, torch.float32)
+    assert measured > 0 and abs(planned / measured - 1) < 0.2, (planned, measured)
+    frozen = run_config(model={"name_or_path": str(model_dir)})
+    assert bytes_per_picture(config, model_dir, spec.family, frozen, torch.float32) == 0.0
