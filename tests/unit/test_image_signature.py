@@ -1,0 +1,62 @@
+"""A visual signature task (a picture's colour -> its name) that the tiny checkpoint of each multimodal kind learns
+through `gemmaforge run`: the base fails it, the tuned model passes on pictures it never saw, in transformers and in
+llama.cpp with the exported GGUF and projector."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from gemmaforge.cli import main
+from tests.image_helpers import COLOURS, KINDS, QUESTION, picture, trained_scale_copy
+
+STEPS = {"gemma3-mm": 200, "gemma4-moe": 200}  # these two learn it later than E2B and 31B, which pass at 100
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("kind", KINDS)
+def test_visual_signature_is_learned_and_kept_in_gguf(kind: str, checkpoint_of, tmp_path: Path) -> None:
+    """A folder of pictures with a file_name JSONL (and text records mixed in) -> `gemmaforge run` -> eval on six
+    pictures never seen, in a suite of `image:` cases: the base names none of their colours, the tuned model (the
+    adapter in transformers) names all six, and so does llama.cpp with the exported GGUF and projector, word for
+    word."""
+    model = trained_scale_copy(checkpoint_of(kind), tmp_path / "model")
+    rng = np.random.default_rng(0)
+    data = tmp_path / "data"
+    data.mkdir()
+    rows = []
+    for i in range(36):
+        name = list(COLOURS)[i % 3]
+        picture(COLOURS[name], rng).save(data / f"{i}.png")
+        rows.append({"file_name": f"{i}.png", "instruction": QUESTION, "output": name})
+    rows += [{"instruction": f"Say the number {i}.", "output": str(i)} for i in range(6)]
+    (data / "metadata.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (tmp_path / "held-out").mkdir()
+    cases = []
+    for name, colour in COLOURS.items():
+        for j in range(2):
+            picture(colour, rng).save(tmp_path / "held-out" / f"{name}{j}.png")
+            cases.append({"prompt": QUESTION, "image": f"held-out/{name}{j}.png", "checks": [{"regex": f"^{name}$"}]})
+    (tmp_path / "suite.yaml").write_text(json.dumps({"cases": cases}))  # JSON is YAML
+    config = tmp_path / "run.yaml"
+    config.write_text(json.dumps({
+        "output_dir": str(tmp_path / "run"), "model": {"name_or_path": str(model)},
+        "data": {"path": str(data), "val_size": 3},
+        "lora": {"r": 8, "lora_alpha": 16, "target_modules": "all-linear"},
+        "train": {"max_steps": STEPS.get(kind, 100), "per_device_train_batch_size": 4, "learning_rate": 5e-3,
+                  "cutoff_len": 1024, "logging_steps": 10, "save_steps": 1000, "seed": 1},
+        "eval": {"suite": str(tmp_path / "suite.yaml"), "engine": "llamacpp", "retention": False},
+        "export": {"gguf": ["f16"]},
+    }))
+    assert main(["run", str(config)]) == 0
+    results = json.loads((tmp_path / "run" / "eval" / "results.json").read_text())
+    expected = [case["checks"][0]["regex"].strip("^$") for case in cases]
+    assert results["base"]["suite_pass_rate"] == 0.0
+    assert results["agreement"]["merged_answers"] == expected  # transformers, the adapter on the base
+    assert [case["tuned"]["answer"] for case in results["cases"]] == expected  # llama.cpp: GGUF + projector
+    assert results["tuned"]["suite_pass_rate"] == 1.0 and results["agreement"]["exact_match"] == 1.0
+    assert sorted(p.name for p in (tmp_path / "run" / "gguf").glob("mmproj*.gguf")) == ["mmproj-f16.gguf"]
+
