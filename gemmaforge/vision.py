@@ -67,6 +67,17 @@ _EXPANSIONS = {  # by architecture: Gemma 4 12B Unified (its own processor, torc
 }
 
 
+def image_sizes(pictures: list[Path]) -> list[tuple[int, int]]:
+    """(width, height) of each picture, from its header: an image's token count follows from its size."""
+    from PIL import Image
+
+    sizes = []
+    for path in pictures:
+        with Image.open(path) as image:
+            sizes.append(image.size)
+    return sizes
+
+
 class ImagePrompt:
     """A multimodal checkpoint's image placeholders expanded, and its image inputs, for one prompt."""
 
@@ -157,6 +168,12 @@ class ImagePrompt:
             return position + sum(shift for where, shift in moves if where < position)
 
         return out, [(moved(start), moved(end)) for start, end in spans]
+
+    def prompt_tokens(self, sizes: list[tuple[int, int]], tokenizer: Any) -> int:
+        """At most how many tokens images of these (width, height) add to a prompt: their soft tokens, and each
+        one's frame (begin, end and margins) tokenized alone; beside text a margin can merge with a newline."""
+        frame = f"{self._margin}{self._boi}{self._eoi}{self._margin}"
+        return sum(self.soft_token_counts(sizes)) + len(sizes) * len(tokenizer.encode(frame, add_special_tokens=False))
 
     def image_token_ids(self, tokenizer: Any) -> set[int]:
         """The ids an image's block is made of (never supervised)."""

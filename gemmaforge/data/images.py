@@ -18,7 +18,10 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlparse
 
+from gemmaforge.data.formats import IMAGE_PLACEHOLDER, Schema, record_images
 from gemmaforge.errors import UserError
+from gemmaforge.templates import Message
+from gemmaforge.vision import ImagePrompt
 
 MAX_PIXELS = 64_000_000  # one training image (a 8000x8000 photo); PIL's own decompression-bomb check is at 89M
 # Pixel modes the processors' RGB conversion keeps faithfully; 32-bit integer and float images (depth maps,
@@ -67,6 +70,24 @@ class ImageFinder:
         if str(found) not in self.seen:
             self.seen[str(found)] = _checked(found, found.read_bytes(), where)
         return self.seen[str(found)]
+
+    def in_record(self, record: Any, messages: list[Message], schema: Schema, where: str, folder: Path,
+                  vision: tuple[ImagePrompt | None, str], marker: str) -> list[CheckedImage]:
+        """The record's images, found and checked, and the model's own image `marker` put where its messages hold
+        the dataset placeholder (in place). `vision` is the model's ImagePrompt, or None and why it takes none."""
+        refs = record_images(record, messages, schema, where)
+        if not refs:
+            return []
+        prompt, reason = vision
+        if prompt is None:
+            raise UserError(f"{where}: the record has images, but the model takes none ({reason})")
+        images = [self.find(ref, folder, f"{where}: image {i + 1}") for i, ref in enumerate(refs)]
+        for message in messages:
+            if marker in message["content"]:
+                raise UserError(f"{where}: the text holds {marker}, the model's own image marker; write "
+                                f"{IMAGE_PLACEHOLDER} where an image goes")
+            message["content"] = message["content"].replace(IMAGE_PLACEHOLDER, marker)
+        return images
 
     def _embedded(self, data: bytes, where: str) -> CheckedImage:
         digest = hashlib.sha256(data).hexdigest()

@@ -16,11 +16,10 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from gemmaforge.data.formats import IMAGE_PLACEHOLDER, Schema, detect_schema, record_images, to_messages
+from gemmaforge.data.formats import Schema, detect_schema, to_messages
 from gemmaforge.data.images import ImageFinder
 from gemmaforge.data.prepare import describe_lengths
 from gemmaforge.data.sources import data_files, iter_records
-from gemmaforge.errors import UserError
 from gemmaforge.families import Family
 from gemmaforge.templates import IGNORE_INDEX, Message, check_features, render_conversation, supervised_labels
 from gemmaforge.train.collate import encode_with_images
@@ -53,17 +52,12 @@ def encoded_conversations(path: Path, schema: Schema | None, system: str | None,
                     file_schema = detect_schema(record, where)
                 messages = to_messages(record, file_schema, where, system)
                 check_features(messages, family, where)
-                refs = record_images(record, messages, file_schema, where)
-                if not refs:
+                pictures = [image.path for image in finder.in_record(record, messages, file_schema, where,
+                                                                     file.parent, vision, family.chat.image)]
+                if not pictures:
                     yield Encoded(where, *encode(messages, tokenizer, family, **options), [])
                     continue
-                prompt, reason = vision
-                if prompt is None:
-                    raise UserError(f"{where}: the record has images, but the model takes none ({reason})")
-                pictures = [finder.find(ref, file.parent, f"{where}: image {i + 1}").path for i, ref in enumerate(refs)]
-                messages = [{**m, "content": m["content"].replace(IMAGE_PLACEHOLDER, family.chat.image)}
-                            for m in messages]
-                yield Encoded(where, *encode_with_images(messages, pictures, prompt, tokenizer, family, **options),
+                yield Encoded(where, *encode_with_images(messages, pictures, vision[0], tokenizer, family, **options),
                               pictures)
 
 

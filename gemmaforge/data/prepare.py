@@ -29,10 +29,8 @@ from gemmaforge.console import console
 from gemmaforge.data.clean import clean_messages
 from gemmaforge.data.dedup import Deduplicator
 from gemmaforge.data.formats import (
-    IMAGE_PLACEHOLDER,
     default_schema,
     detect_schema,
-    record_images,
     schema_with,
     to_messages,
 )
@@ -176,20 +174,11 @@ class Preparer:
     def _images(self, record: Any, messages: list[Message], schema: Any, where: str,
                 media: Path) -> list[CheckedImage]:
         """The record's images, found and checked, with the family's image placeholder in the text."""
-        refs = record_images(record, messages, schema, where)
-        if not refs:
-            return []
-        if self.vision.prompt is None:
-            raise UserError(f"{where}: the record has images, but the model takes none ({self.vision.reason})")
-        images = [self.images.find(ref, media, f"{where}: image {i + 1}") for i, ref in enumerate(refs)]
-        placeholder = self.family.chat.image
-        for message in messages:
-            if placeholder in message["content"]:
-                raise UserError(f"{where}: the text holds {placeholder}, the model's own image marker; write "
-                                f"{IMAGE_PLACEHOLDER} where an image goes")
-            message["content"] = message["content"].replace(IMAGE_PLACEHOLDER, placeholder)
-        self.with_images += 1
-        self.most_images = max(self.most_images, len(images))
+        images = self.images.in_record(record, messages, schema, where, media,
+                                       (self.vision.prompt, self.vision.reason), self.family.chat.image)
+        if images:
+            self.with_images += 1
+            self.most_images = max(self.most_images, len(images))
         return images
 
     def _render(self, example: Example, **options: Any) -> Rendered:

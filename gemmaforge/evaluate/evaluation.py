@@ -34,7 +34,7 @@ from gemmaforge.families import Family
 from gemmaforge.inference.llamacpp_images import projector_beside
 from gemmaforge.models import ResolvedModel, load_causal_lm, load_tokenizer
 from gemmaforge.runs import RunDir
-from gemmaforge.vision import ImagePrompt
+from gemmaforge.vision import ImagePrompt, image_sizes
 
 if TYPE_CHECKING:
     from gemmaforge.inference.transformers_engine import TransformersEngine
@@ -72,7 +72,8 @@ def evaluate(run: RunDir, config: RunConfig, base: ResolvedModel) -> dict[str, A
     chats = [*(c.messages for c in cases), *probe_chats]
     vision, no_vision = ImagePrompt.of(base.path, base.spec, tokenizer)
     num_ctx = max(len(prompt_ids(tokenizer, family, chat)) for chat in chats) + ec.max_new_tokens + 1
-    num_ctx += max((image_tokens(vision, c.images) for c in cases), default=0)
+    if vision is not None:
+        num_ctx += max((vision.prompt_tokens(image_sizes(c.images), tokenizer) for c in cases), default=0)
     sampling = Sampling(ec.max_new_tokens, ec.do_sample, ec.temperature, ec.top_p, ec.seed)
     # the engine serve runs, in fp32, the run's adapter loaded by name: base answers name no adapter
     engine = TransformersEngine(load_causal_lm(base.path, base.spec, torch.float32), tokenizer, family,
@@ -177,15 +178,6 @@ def _encode(val: tuple[list[list[dict[str, str]]], list[list[Path]]], tokenizer:
         images=val[1], vision=vision,
     )
     return examples
-
-
-def image_tokens(vision: ImagePrompt | None, pictures: list[Path]) -> int:
-    """How many tokens a case's pictures add to its prompt."""
-    from gemmaforge.train.collate import image_sizes
-
-    if vision is None or not pictures:
-        return 0
-    return sum(vision.soft_token_counts(image_sizes(pictures))) + 4 * len(pictures)  # with begin/end and margins
 
 
 def answer_all(engine: EngineGenerator, cases: list[Case], probe_chats: list[list[dict[str, str]]],

@@ -18,7 +18,7 @@ from gemmaforge.templates import (
     render_conversation,
     supervised_labels,
 )
-from gemmaforge.vision import ImagePrompt, decode_image
+from gemmaforge.vision import ImagePrompt, decode_image, image_sizes
 
 
 def tokenize_conversations(
@@ -59,17 +59,6 @@ def tokenize_conversations(
             example["images"] = [str(p) for p in pictures]
         examples.append(example)
     return examples, dropped
-
-
-def image_sizes(pictures: list[Path]) -> list[tuple[int, int]]:
-    """(width, height) of each picture, from its header: an image's token count follows from its size."""
-    from PIL import Image
-
-    sizes = []
-    for path in pictures:
-        with Image.open(path) as image:
-            sizes.append(image.size)
-    return sizes
 
 
 def encode_with_images(messages: list[Message], pictures: list[Path], vision: ImagePrompt, tokenizer: Any,

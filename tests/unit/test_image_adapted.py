@@ -23,7 +23,7 @@ def test_adapted_tower_and_projector_reach_the_merged_model_and_projector_gguf(k
                                                                                 tmp_path: Path, capsys) -> None:
     """lora.freeze_vision_tower / freeze_multi_modal_projector false: LoRA on the tower's linear layers, the
     projector trained in full; merge keeps both, `export gguf`'s projector file carries the merged tower, and a
-    GGUF adapter (which cannot carry them) is refused."""
+    GGUF or vLLM adapter (which cannot carry them) is refused."""
     from gguf import GGUFReader
     from safetensors import safe_open
 
@@ -46,6 +46,8 @@ def test_adapted_tower_and_projector_reach_the_merged_model_and_projector_gguf(k
     }))
     run = tmp_path / "run"
     assert main(["train", str(config)]) == 0
+    # train.packing (on by default) is set aside for data with pictures, and the run says so
+    assert "8 examples hold images: padded batches" in capsys.readouterr().err
     adapter = json.loads((run / "adapter" / "adapter_config.json").read_text())
     family = kind.split("-")[0]
     projector = PROJECTOR[family]
@@ -67,6 +69,9 @@ def test_adapted_tower_and_projector_reach_the_merged_model_and_projector_gguf(k
     capsys.readouterr()
     assert main(["export", "gguf", str(run), "--adapter"]) == 2
     assert "adapts the vision tower (lora.freeze_vision_tower: false), which a GGUF adapter cannot carry" in \
+        capsys.readouterr().err
+    assert main(["export", "vllm", str(run), "--adapter"]) == 2
+    assert "adapts the vision tower (lora.freeze_vision_tower: false); vLLM loads LoRA weights only" in \
         capsys.readouterr().err
 
 

@@ -99,6 +99,54 @@ def test_openai_parts_local_path_and_data_uri(checkpoint_of, tmp_path: Path) -> 
     assert Path(stored).parent == tmp_path / "out" / "images" and Path(stored).read_bytes() == png((0, 0, 200))
 
 
+def test_file_urls_and_image_parts_filled_from_the_images_column(checkpoint_of, tmp_path: Path) -> None:
+    """A `file://` URL names a local picture; the chat-template style `{"type": "image"}` part takes the next entry
+    of the record's `images` column, in order."""
+    for name, colour in (("red", (200, 0, 0)), ("green", (0, 200, 0)), ("blue", (0, 0, 200))):
+        (tmp_path / f"{name}.png").write_bytes(png(colour))
+    records = [
+        {"messages": [{"role": "user", "content": [
+            {"type": "image_url", "image_url": {"url": (tmp_path / "red.png").as_uri()}},
+            {"type": "text", "text": QUESTION}]}, {"role": "assistant", "content": "red"}]},
+        {"messages": [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "and"},
+                                                   {"type": "image"}]},
+                      {"role": "assistant", "content": "green, blue"}],
+         "images": ["green.png", "blue.png"]},
+    ]
+    data = tmp_path / "chat.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in records))
+    assert prepare(data, checkpoint_of("gemma3-mm"), tmp_path / "out") == 0
+    rows = {row["messages"][-1]["content"]: row for row in written(tmp_path / "out")}
+    assert rows["red"]["images"] == [str(tmp_path / "red.png")]
+    assert rows["green, blue"]["messages"][0]["content"].count("<start_of_image>") == 2
+    assert rows["green, blue"]["images"] == [str(tmp_path / "green.png"), str(tmp_path / "blue.png")]
+
+
+def test_parquet_image_bytes_are_written_once_named_by_their_hash(checkpoint_of, tmp_path: Path) -> None:
+    """A Parquet `images` column of Hugging Face Image structs ({bytes, path}): the bytes go to the data folder's
+    images/<sha256>.<ext>; two records with the same picture share the file."""
+    import hashlib
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    red, blue = png((200, 0, 0)), png((0, 0, 200))
+    table = pa.table({
+        "instruction": [f"<image>{QUESTION}", f"<image>{QUESTION} Again.", f"<image>{QUESTION}"],
+        "output": ["red", "red again", "blue"],
+        "images": [[{"bytes": red, "path": None}], [{"bytes": red, "path": None}], [{"bytes": blue, "path": None}]],
+    })
+    pq.write_table(table, tmp_path / "data.parquet")
+    assert prepare(tmp_path / "data.parquet", checkpoint_of("gemma3-mm"), tmp_path / "out") == 0
+    rows = {row["messages"][-1]["content"]: row for row in written(tmp_path / "out")}
+    stored = tmp_path / "out" / "images"
+    assert rows["red"]["images"] == rows["red again"]["images"] == [
+        str(stored / f"{hashlib.sha256(red).hexdigest()}.png")]
+    assert sorted(p.name for p in stored.iterdir()) == sorted(
+        f"{hashlib.sha256(b).hexdigest()}.png" for b in (red, blue))
+    assert Path(rows["blue"]["images"][0]).read_bytes() == blue
+
+
 def test_folder_of_images_with_file_names(checkpoint_of, tmp_path: Path) -> None:
     """Hugging Face's imagefolder metadata: the file_name's image opens the first user turn."""
     folder = tmp_path / "shapes"

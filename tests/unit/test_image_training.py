@@ -51,6 +51,21 @@ def test_image_tokens_are_the_processors_and_never_supervised(kind: str, checkpo
         assert sum(label != IGNORE_INDEX for label in row["labels"]) > 10  # the prompt's text is trained here
 
 
+@pytest.mark.parametrize("kind", KINDS)
+def test_prompt_tokens_counts_what_pictures_add_to_a_prompt(kind: str, checkpoint_of, tmp_path: Path) -> None:
+    """What eval sizes its context by: the tokens a conversation's pictures add, frame included, against the
+    tokenized difference with and without them: never fewer, and at most a merged margin per picture more."""
+    _, spec, tokenizer, vision, rows = examples(kind, checkpoint_of, tmp_path)
+    without = tokenize_conversations(
+        [[{"role": "user", "content": QUESTION}, {"role": "assistant", "content": "a colour"}]],
+        tokenizer, spec.family, 1024, "test")[0][0]
+    for row in rows[1:]:
+        sizes = [Image.open(p).size for p in row["images"]]
+        added = len(row["input_ids"]) - len(without["input_ids"])
+        assert added > sum(vision.soft_token_counts(sizes))
+        assert added <= vision.prompt_tokens(sizes, tokenizer) <= added + len(sizes)
+
+
 def test_gemma4_token_counts_follow_the_image_processor(checkpoint_of) -> None:
     model = checkpoint_of("gemma4-e2b")
     vision = ImagePrompt.load(model, read_spec(model), load_tokenizer(model))
