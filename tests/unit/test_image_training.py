@@ -112,6 +112,23 @@ def test_mixed_batch_runs_the_frozen_tower_and_its_pixels_matter(kind: str, chec
         assert not torch.isclose(model(**{**batch, "pixel_values": -batch["pixel_values"]}).loss, loss.detach())
 
 
+def test_val_loss_is_scored_with_the_pictures(checkpoint_of, tmp_path: Path) -> None:
+    """eval's loss over val conversations with pictures runs them through the tower: the same tokens about other
+    pictures (same sizes, other pixels) score another loss."""
+    from gemmaforge.evaluate.scoring import mean_loss
+    from gemmaforge.models import load_causal_lm
+
+    model_dir, spec, tokenizer, vision, rows = examples("gemma3-mm", checkpoint_of, tmp_path)
+    model = load_causal_lm(model_dir, spec, torch.float32)
+    others = []
+    for i, row in enumerate(rows[1:]):
+        (path,) = row["images"]
+        Image.fromarray(255 - np.asarray(Image.open(path))).save(tmp_path / f"other{i}.png")
+        others.append({**row, "images": [tmp_path / f"other{i}.png"]})
+    own = mean_loss(model, rows[1:], tokenizer.pad_token_id, 2, vision)
+    assert own is not None and own != pytest.approx(mean_loss(model, others, tokenizer.pad_token_id, 2, vision))
+
+
 def saved_bytes(model, batch: dict) -> int:
     """What autograd keeps in one training forward (distinct storages, parameters not counted)."""
     params = {p.untyped_storage().data_ptr() for p in model.parameters()}
