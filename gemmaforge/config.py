@@ -14,7 +14,9 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from gemmaforge.console import console, escape
 from gemmaforge.errors import UserError
+from gemmaforge.llamafactory_config import Translation, is_llamafactory, translate
 from gemmaforge.units import parse_decimal_size
 
 
@@ -76,6 +78,10 @@ class DataConfig(Section):
     columns: dict[str, str | None] | None = Field(None, description="column names, as LLaMA-Factory's `columns`")
     tags: dict[str, str] | None = Field(None, description="role tags, as LLaMA-Factory's `tags`")
     eval_path: str | None = Field(None, description="an explicit validation file instead of a split")
+    max_samples: int | None = Field(
+        None, ge=1, description="read at most this many records of each dataset, the first ones (LLaMA-Factory's "
+        "max_samples): a quick run on a large dataset"
+    )
     val_size: float | None = Field(
         None, ge=0, description="ratio in [0, 1) or a count >= 1 (default 0.1; 0 with eval_path)"
     )
@@ -302,24 +308,40 @@ class RunConfig(Section):
 
 
 def load_config(path: Path, overrides: list[str] | tuple[str, ...] = ()) -> RunConfig:
-    """Read a YAML config, apply `key.sub=value` overrides, validate. Data and suite paths stay as written
-    but are resolved against the config file's folder when relative and not found from the cwd."""
-    raw = _read_yaml(path)
+    """Read a YAML config (gemmaforge's, or an LLaMA-Factory SFT config, translated and its translation printed),
+    apply `key.sub=value` overrides, validate. Data and suite paths stay as written but are resolved against the
+    config file's folder when relative and not found from the cwd."""
+    config, translation = read_config(path, overrides)
+    if translation is not None:
+        console.print(f"[bold]config[/]: {path} is an LLaMA-Factory config, read as gemmaforge's "
+                      f"({len(translation.translated)} keys translated, {len(translation.ignored)} ignored; "
+                      f"`gemmaforge config convert {path}` writes it out):")
+        console.print(escape(translation.report()), end="")
+    return config
+
+
+def read_config(path: Path, overrides: list[str] | tuple[str, ...] = ()) -> tuple[RunConfig, Translation | None]:
+    """load_config's config, and its translation when the file is an LLaMA-Factory config."""
+    raw = read_yaml(path)
+    translation = translate(raw, str(path)) if is_llamafactory(raw) else None
+    if translation is not None:
+        raw = translation.raw
     for item in overrides:
         apply_override(raw, item)
-    config = validate_config(raw, source=str(path))
+    config = validate_config(raw, source=str(path), origin=translation.origin if translation else None)
     for section, key in ((config.data, "path"), (config.data, "eval_path"), (config.eval, "suite")):
         value = getattr(section, key)
         if value and not Path(value).is_absolute() and not Path(value).exists() and (path.parent / value).exists():
             setattr(section, key, str(path.parent / value))
-    return config
+    return config, translation
 
 
-def validate_config(raw: dict[str, Any], source: str) -> RunConfig:
+def validate_config(raw: dict[str, Any], source: str, origin: dict[str, str] | None = None) -> RunConfig:
+    """`origin`: for a translated config, the key each gemmaforge key came from, which errors name."""
     try:
         return RunConfig.model_validate(raw)
     except ValidationError as exc:
-        raise UserError(_describe_validation_error(exc, source)) from None
+        raise UserError(_describe_validation_error(exc, source, origin or {})) from None
 
 
 def dump_config(config: RunConfig) -> str:
@@ -327,7 +349,7 @@ def dump_config(config: RunConfig) -> str:
     return yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False, allow_unicode=True)
 
 
-def _read_yaml(path: Path) -> dict[str, Any]:
+def read_yaml(path: Path) -> dict[str, Any]:
     if not path.is_file():
         raise UserError(f"{path}: config file not found")
     try:
@@ -359,8 +381,9 @@ def apply_override(raw: dict[str, Any], item: str) -> None:
     node[parts[-1]] = yaml.safe_load(text) if text else ""
 
 
-def _describe_validation_error(exc: ValidationError, source: str) -> str:
-    lines = [f"  {key}: {problem}" for key, problem in validation_problems(exc)]
+def _describe_validation_error(exc: ValidationError, source: str, origin: dict[str, str]) -> str:
+    lines = [f"  {f'{origin[key]} ({key})' if key in origin else key}: {problem}"
+             for key, problem in validation_problems(exc)]
     return "\n".join([f"{source}: invalid config", *lines])
 
 

@@ -95,12 +95,13 @@ def stage_eval(run: RunDir, config: RunConfig, base: ResolvedModel) -> None:
 EVAL_MANIFEST_KEYS = ("eval_loss", "perplexity", "suite_pass_rate", "bleu", "rouge_l", "retention_accuracy")
 
 
-def stage_merge(run: RunDir, base: ResolvedModel) -> None:
+def stage_merge(run: RunDir, base: ResolvedModel, target: Path | None = None) -> None:
+    """The adapter merged into RUN_DIR/merged, or into `target` (an LLaMA-Factory export_dir)."""
     from gemmaforge.export.merge import merge
 
     with run.stage("merge") as record:
-        record.update(merge(run, base))
-    console.print(f"[bold]merge[/]: {run.merged_dir}")
+        record.update(merge(run, base, target))
+    console.print(f"[bold]merge[/]: {target or run.merged_dir}")
 
 
 def stage_export_gguf(run: RunDir, config: RunConfig, base: ResolvedModel, quants: list[str],

@@ -12,7 +12,7 @@ import sys
 import warnings
 
 from gemmaforge import __version__
-from gemmaforge.cli import data, doctor, evaluate, export, serve, train, ui
+from gemmaforge.cli import configs, data, doctor, evaluate, export, serve, train, ui
 from gemmaforge.cli.common import Parser
 from gemmaforge.console import console, escape
 from gemmaforge.errors import StageError, UserError
@@ -31,9 +31,11 @@ EPILOG = """examples:
   gemmaforge ui                                            # web dashboard over runs/ (pip install 'gemmaforge[ui]')
   gemmaforge doctor                                        # can this machine train? (ROCm, CUDA, CPU)
   gemmaforge plan examples/quickstart.yaml --gpu-memory 24GiB   # will it fit?
+  gemmaforge run llamafactory_lora_sft.yaml                # an LLaMA-Factory SFT config, translated
+  gemmaforge config convert llamafactory_lora_sft.yaml     # ... shown in gemmaforge's terms
 """
 # in the order `gemmaforge --help` lists their verbs
-VERB_MODULES = (train, data, evaluate, serve, ui, doctor, export)
+VERB_MODULES = (train, data, evaluate, serve, ui, doctor, export, configs)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -8,16 +8,22 @@ from pathlib import Path
 
 from gemmaforge import pipeline
 from gemmaforge.cli.common import Parser, Verbs, positive_int, refuse_unless
-from gemmaforge.config import GGUF_QUANTS, ExportConfig, RunConfig, Split
+from gemmaforge.config import GGUF_QUANTS, ExportConfig, RunConfig, Split, read_yaml
+from gemmaforge.console import console, escape
 from gemmaforge.errors import UserError
+from gemmaforge.llamafactory_config import check_template, merge_request
 from gemmaforge.models import ResolvedModel
 from gemmaforge.runs import RunDir
 from gemmaforge.units import parse_decimal_size
 
 
 def add(verbs: Verbs) -> None:
-    p = verbs.add_parser("merge", help="Merge the run's adapter into the base model (RUN_DIR/merged).")
-    p.add_argument("run_dir", type=Path)
+    p = verbs.add_parser(
+        "merge", help="Merge the run's adapter into the base model (RUN_DIR/merged).",
+        description="Merge the run's adapter into the base model (RUN_DIR/merged). Given an LLaMA-Factory export "
+        "YAML (examples/merge_lora/*.yaml) instead, merge its adapter_name_or_path (the run directory its training "
+        "config's output_dir named) into its export_dir.")
+    p.add_argument("run_dir", type=Path, metavar="RUN_DIR|EXPORT.yaml")
     p.set_defaults(handler=merge)
 
     export = verbs.add_parser("export", help="Export a merged run: GGUF files or an Ollama Modelfile.")
@@ -69,8 +75,22 @@ def add(verbs: Verbs) -> None:
 
 
 def merge(args: argparse.Namespace, home: Path) -> int:
-    run, _, base = _open(args.run_dir, home)
-    pipeline.stage_merge(run, base)
+    if args.run_dir.suffix not in (".yaml", ".yml"):
+        run, _, base = _open(args.run_dir, home)
+        pipeline.stage_merge(run, base)
+        return 0
+    source = str(args.run_dir)
+    request = merge_request(read_yaml(args.run_dir), source)
+    console.print(escape(request.report), end="")
+    run, config, base = _open(request.run_dir, home)
+    if request.model is not None and request.model != config.model.name_or_path and \
+            Path(request.model).expanduser().resolve() != base.path:
+        raise UserError(f"{source}: model_name_or_path: {request.model}, but {run.root} was trained on "
+                        f"{config.model.name_or_path}")
+    check_template(request.template, base.family.name, config.model.name_or_path, source)
+    pipeline.stage_merge(run, base, request.export_dir)
+    console.print(f"next: gemmaforge export gguf {request.export_dir} --quant q8_0 (or the whole run's exports: "
+                  f"gemmaforge merge {run.root}, then gemmaforge export gguf {run.root})")
     return 0
 
 

@@ -8,6 +8,7 @@ succeeded: stats.json is removed first and written last, so its presence marks a
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import random
@@ -135,15 +136,18 @@ class Preparer:
         return tally
 
     def _records(self, spec: SourceSpec, seed: int) -> Iterator[tuple[str, Any]]:
-        records = (item for path in data_files(spec.path) for item in iter_records(path, self.progress))
-        if spec.num_samples is None:
-            return records
-        # num_samples (LLaMA-Factory): a seeded random subset, so this one source is held in memory.
-        everything = list(records)
-        if spec.num_samples >= len(everything):
-            return iter(everything)
-        chosen = sorted(random.Random(seed).sample(range(len(everything)), spec.num_samples))
-        return iter([everything[i] for i in chosen])
+        """The source's records: its num_samples subset, then the first data.max_samples, as LLaMA-Factory
+        takes them."""
+        records: Iterator[tuple[str, Any]] = (item for path in data_files(spec.path)
+                                              for item in iter_records(path, self.progress))
+        if spec.num_samples is not None:
+            # num_samples (LLaMA-Factory): a seeded random subset, so this one source is held in memory.
+            everything = list(records)
+            if spec.num_samples < len(everything):
+                chosen = sorted(random.Random(seed).sample(range(len(everything)), spec.num_samples))
+                everything = [everything[i] for i in chosen]
+            records = iter(everything)
+        return itertools.islice(records, self.config.max_samples)
 
     def _convert(self, record: Any, schema: Any, where: str, tally: Tally, media: Path) -> Example | None:
         clean = self.config.clean

@@ -25,8 +25,11 @@ PROCESSOR_FILES = ("preprocessor_config.json", "processor_config.json", "video_p
 _LOAD_TIME_CONFIG_KEYS = ("_name_or_path",)
 
 
-def merge(run: RunDir, base: ResolvedModel) -> dict[str, Any]:
+def merge(run: RunDir, base: ResolvedModel, target: Path | None = None) -> dict[str, Any]:
+    """The run's adapter merged into a copy of the base, in RUN_DIR/merged or `target`."""
     import transformers
+
+    target = target or run.merged_dir
 
     adapter = run.require(run.adapter_dir / "adapter_config.json", "train").parent
     config = json.loads((base.path / "config.json").read_text(encoding="utf-8"))
@@ -36,7 +39,7 @@ def merge(run: RunDir, base: ResolvedModel) -> dict[str, Any]:
                         "weights and needs the full-precision checkpoint it was quantized from (model: its hub id)")
     tokenizer = load_tokenizer(adapter)
     tokenizer.chat_template = hf_chat_template(base.family)
-    with atomic_dir(run.merged_dir) as tmp:
+    with atomic_dir(target) as tmp:
         counts = merge_into_copy(base.path, adapter, getattr(transformers, base.spec.architecture.name),
                                  base_dtype(base.spec), tmp)
         _write_json(tmp / "config.json", {k: v for k, v in config.items() if k not in _LOAD_TIME_CONFIG_KEYS})
@@ -45,7 +48,7 @@ def merge(run: RunDir, base: ResolvedModel) -> dict[str, Any]:
         for name in PROCESSOR_FILES:
             if (base.path / name).is_file():
                 shutil.copyfile(base.path / name, tmp / name)
-    return {"path": str(run.merged_dir), "dtype": base.spec.dtype, **counts}
+    return {"path": str(target), "dtype": base.spec.dtype, **counts}
 
 
 def _generation_config(base: ResolvedModel, tokenizer: Any) -> Any:

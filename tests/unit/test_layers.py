@@ -12,6 +12,7 @@ PACKAGE = Path(__file__).parents[2] / "gemmaforge"
 # bottom up; a module belongs to the layer of its longest matching name
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("core", ("gemmaforge", "gemmaforge.errors", "gemmaforge.console", "gemmaforge.units", "gemmaforge.families",
+              "gemmaforge.llamafactory_config",
               "gemmaforge.templates", "gemmaforge.config", "gemmaforge.distributed", "gemmaforge.runs",
               "gemmaforge.model_spec", "gemmaforge.models", "gemmaforge.gguf_file")),
     ("system", ("gemmaforge.system",)),

@@ -1,0 +1,570 @@
+"""LLaMA-Factory training configs, read as gemmaforge configs.
+
+An LLaMA-Factory SFT YAML (`examples/train_lora/*.yaml`: flat keys such as `model_name_or_path`, `lora_rank`,
+`dataset`) or the walkthrough's nested variant (`lora_config:` with PEFT's names, `training_args:` with
+TrainingArguments' names) is translated key by key into gemmaforge's sections. Every LLaMA-Factory key is in one
+of three tables: TRANSLATED (its gemmaforge key, with the value converted where the meaning differs), IGNORED
+(it tunes LLaMA-Factory's own machinery; the reason is printed) or REFUSED (it changes what is trained and has no
+equivalent: allowed only at LLaMA-Factory's default). A key in none of them is an error, so nothing a user wrote
+is silently dropped. Keys left out take LLaMA-Factory's defaults where these differ from gemmaforge's and change
+the trained weights (lora_alpha = 2 x rank, lora_dropout 0, every linear layer, cutoff_len 2048, 3 epochs ...).
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from gemmaforge.errors import UserError
+from gemmaforge.model_spec import read_spec
+
+# keys only LLaMA-Factory configs have: one of them makes a config LLaMA-Factory's
+MARKERS = {"model_name_or_path", "stage", "finetuning_type", "lora_config", "training_args", "template",
+           "lora_rank", "lora_target", "dataset", "adapter_name_or_path", "export_dir"}
+SECTIONS = ("model", "data", "lora", "train", "eval", "export")
+
+# LLaMA-Factory template -> the gemmaforge families whose turn format it writes (src/llamafactory/data/template.py;
+# its model groups in extras/constants.py pair gemma with Gemma 1, gemma2 with Gemma 2 and the text-only Gemma 3
+# 270M/1B, gemma3 with Gemma 3 4B+, gemma4 with 26B-A4B/31B, gemma4n with E2B/E4B/12B). gemma, gemma2 and gemma3
+# write the same <start_of_turn> turns (they differ in stop words and image plugin), gemma4 and gemma4n <|turn>.
+_TURNS = ("gemma", "gemma2", "gemma3")
+TEMPLATES = {"gemma": _TURNS, "gemma2": _TURNS, "gemma3": _TURNS, "gemma4": ("gemma4",), "gemma4n": ("gemma4",)}
+NOT_YET = {"gemma3n": "Gemma 3n checkpoints are not supported yet"}
+OTHER_MODELS = re.compile(r"qwen|llama|mistral|mixtral|phi-?\d|deepseek|glm|baichuan|internlm|yi-|moss|falcon|"
+                          r"olmo|minicpm|granite|ernie|kimi|hunyuan", re.IGNORECASE)
+
+
+@dataclass
+class Translation:
+    """A gemmaforge raw config and what became of each key."""
+
+    raw: dict[str, Any] = field(default_factory=dict)
+    translated: list[tuple[str, str]] = field(default_factory=list)  # (LLaMA-Factory key, what it became)
+    ignored: list[tuple[str, str]] = field(default_factory=list)  # (key, why)
+    notes: list[str] = field(default_factory=list)
+    origin: dict[str, str] = field(default_factory=dict)  # gemmaforge dotted key -> the key it came from
+
+    def set(self, key: str, value: Any, source: str) -> None:
+        section, _, name = key.rpartition(".")
+        node = self.raw
+        for part in section.split(".") if section else ():
+            node = node.setdefault(part, {})
+        node[name] = value
+        self.origin[key] = source
+
+    def has(self, key: str) -> bool:
+        return key in self.origin
+
+    def report(self) -> str:
+        """The translation as YAML comments, for the top of the written config."""
+        lines = ["# translated from an LLaMA-Factory config:"]
+        lines += [f"#   {key} -> {became}" for key, became in self.translated]
+        if self.ignored:
+            lines.append("# ignored (they tune LLaMA-Factory's own machinery):")
+            lines += [f"#   {key}: {why}" for key, why in self.ignored]
+        if self.notes:
+            lines.append("# notes:")
+            lines += [f"#   {note}" for note in self.notes]
+        return "\n".join(lines) + "\n"
+
+
+Convert = Callable[[Any, str, Translation], Any]
+
+
+def _same(value: Any, key: str, t: Translation) -> Any:
+    return value
+
+
+def _names(value: Any, key: str, t: Translation) -> list[str]:
+    """LLaMA-Factory's comma-separated names (or a YAML list)."""
+    if isinstance(value, str):
+        return [n.strip() for n in value.split(",") if n.strip()]
+    if isinstance(value, list) and all(isinstance(n, str) for n in value):
+        return value
+    raise UserError(f"{key}: expected names separated by commas, got {value!r}")
+
+
+def _target(value: Any, key: str, t: Translation) -> Any:
+    names = _names(value, key, t)
+    return "all-linear" if names == ["all"] else names
+
+
+def _stage(value: Any, key: str, t: Translation) -> str:
+    if value != "sft":
+        what = {"pt": "pre-training on raw text", "rm": "reward modelling", "ppo": "PPO", "dpo": "DPO preference "
+                "training", "kto": "KTO preference training"}.get(value, repr(value))
+        raise UserError(f"stage: {value}: gemmaforge trains supervised fine-tuning (stage: sft) only, not {what}")
+    return "supervised fine-tuning"
+
+
+def _finetuning_type(value: Any, key: str, t: Translation) -> str:
+    if value != "lora":
+        raise UserError(f"finetuning_type: {value}: gemmaforge trains LoRA adapters only (finetuning_type: lora); "
+                        "full and freeze tuning rewrite the base weights")
+    return "a LoRA adapter"
+
+
+def _do_train(value: Any, key: str, t: Translation) -> str:
+    if value is not True:
+        raise UserError(f"{key}: {value!r}: gemmaforge configs train; for evaluation or prediction alone run "
+                        "`gemmaforge eval RUN_DIR` on a trained run")
+    return "train"
+
+
+def _template(value: Any, key: str, t: Translation) -> str:
+    if value in NOT_YET:
+        raise UserError(f"template: {value}: {NOT_YET[value]}")
+    if value not in TEMPLATES:
+        raise UserError(f"template: {value} is not a Gemma template (expected one of: {', '.join(TEMPLATES)}); "
+                        "gemmaforge trains Gemma checkpoints and renders each family's own chat format")
+    return "checked against the model's family (its official chat format is rendered)"
+
+
+def _precision(name: str) -> Convert:
+    def convert(value: Any, key: str, t: Translation) -> str:
+        if value:
+            t.set("train.precision", name, key)
+            return f"train.precision: {name}"
+        return "off"
+    return convert
+
+
+def _quantization_bit(value: Any, key: str, t: Translation) -> str:
+    if value is None:
+        return "off"
+    if value != 4:
+        raise UserError(f"quantization_bit: {value}: gemmaforge quantizes the base for QLoRA in 4 bits only "
+                        "(bitsandbytes NF4 with double quantization)")
+    t.set("model.load_in_4bit", True, key)
+    return "model.load_in_4bit: true (QLoRA)"
+
+
+def _report_to(value: Any, key: str, t: Translation) -> str:
+    wanted = [value] if isinstance(value, str) else list(value or [])
+    kept = "tensorboard" if {"tensorboard", "all"} & set(wanted) else "none"
+    dropped = [w for w in wanted if w not in ("none", "tensorboard", "all")]
+    if dropped:
+        t.notes.append(f"report_to: {', '.join(dropped)} not supported: metrics go to RUN_DIR/metrics.jsonl, "
+                       "loss.png and, with tensorboard, RUN_DIR/tensorboard")
+    t.set("train.report_to", kept, key)
+    return f"train.report_to: {kept}"
+
+
+def _eval_strategy(value: Any, key: str, t: Translation) -> Any:
+    return value.lower() if isinstance(value, str) else value
+
+
+def _metric(value: Any, key: str, t: Translation) -> Any:
+    return {"eval_loss": "eval_loss", "loss": "loss"}.get(value, value)
+
+
+def _resume(value: Any, key: str, t: Translation) -> str:
+    if value in (None, False):
+        return "off"
+    if value is True or (isinstance(value, str) and Path(value).parent == Path(str(t.raw.get("output_dir", "")))):
+        return "the run's last complete checkpoint (gemmaforge train resumes by itself)"
+    raise UserError(f"{key}: {value}: gemmaforge resumes from the last checkpoint in output_dir by itself; a "
+                    "checkpoint of another directory cannot be resumed (copy it into output_dir, or leave the key out)")
+
+
+def _deepspeed(value: Any, key: str, t: Translation) -> str:
+    stage = _zero_stage(value)
+    recipe = "deepspeed_zero3.yaml" if stage == 3 else "deepspeed_zero2.yaml"
+    return (f"a launcher's choice in gemmaforge: `accelerate launch --config_file examples/distributed/{recipe} "
+            f"-m gemmaforge train CONFIG` (ZeRO-{stage})")
+
+
+def _zero_stage(value: Any) -> int:
+    """The ZeRO stage of a DeepSpeed config (a file or the dict itself), 2 when it does not say."""
+    config = value
+    if isinstance(value, str):
+        try:
+            config = json.loads(Path(value).read_text(encoding="utf-8"))
+        except (OSError, json.JSONDecodeError):
+            return 3 if re.search(r"z(ero)?_?3", Path(value).name) else 2
+    stage = (config or {}).get("zero_optimization", {}).get("stage", 2) if isinstance(config, dict) else 2
+    return 3 if stage == 3 else 2
+
+
+def _dataset_dir(value: Any, key: str, t: Translation) -> str:
+    t.set("data.path", value, key)
+    return f"data.path: {value}"
+
+
+# LLaMA-Factory key (flat, or inside training_args) -> (gemmaforge key, or "" when the converter sets it, converter)
+TRANSLATED: dict[str, tuple[str, Convert]] = {
+    "model_name_or_path": ("model.name_or_path", _same),
+    "model_revision": ("model.revision", _same),
+    "quantization_bit": ("", _quantization_bit),
+    "template": ("", _template),
+    "stage": ("", _stage),
+    "finetuning_type": ("", _finetuning_type),
+    "do_train": ("", _do_train),
+    "dataset": ("data.dataset", _names),
+    "dataset_dir": ("", _dataset_dir),
+    "max_samples": ("data.max_samples", _same),
+    "val_size": ("data.val_size", _same),
+    "default_system": ("data.system", _same),
+    "train_on_prompt": ("data.train_on_prompt", _same),
+    "mask_history": ("data.mask_history", _same),
+    "cutoff_len": ("train.cutoff_len", _same),
+    "packing": ("train.packing", _same),
+    "neat_packing": ("train.packing", _same),
+    "lora_rank": ("lora.r", _same),
+    "lora_alpha": ("lora.lora_alpha", _same),
+    "lora_dropout": ("lora.lora_dropout", _same),
+    "lora_target": ("lora.target_modules", _target),
+    "additional_target": ("lora.modules_to_save", _names),
+    "use_rslora": ("lora.use_rslora", _same),
+    "use_dora": ("lora.use_dora", _same),
+    "freeze_vision_tower": ("lora.freeze_vision_tower", _same),
+    "freeze_multi_modal_projector": ("lora.freeze_multi_modal_projector", _same),
+    "output_dir": ("output_dir", _same),
+    "num_train_epochs": ("train.num_train_epochs", _same),
+    "max_steps": ("train.max_steps", _same),
+    "per_device_train_batch_size": ("train.per_device_train_batch_size", _same),
+    "per_device_eval_batch_size": ("eval.batch_size", _same),
+    "gradient_accumulation_steps": ("train.gradient_accumulation_steps", _same),
+    "learning_rate": ("train.learning_rate", _same),
+    "lr_scheduler_type": ("train.lr_scheduler_type", _same),
+    "warmup_ratio": ("train.warmup_ratio", _same),
+    "warmup_steps": ("train.warmup_steps", _same),
+    "weight_decay": ("train.weight_decay", _same),
+    "max_grad_norm": ("train.max_grad_norm", _same),
+    "logging_steps": ("train.logging_steps", _same),
+    "save_steps": ("train.save_steps", _same),
+    "save_strategy": ("train.save_strategy", _eval_strategy),
+    "save_total_limit": ("train.save_total_limit", _same),
+    "eval_strategy": ("train.eval_strategy", _eval_strategy),
+    "evaluation_strategy": ("train.eval_strategy", _eval_strategy),  # its name before transformers 4.46
+    "eval_steps": ("train.eval_steps", _same),
+    "load_best_model_at_end": ("train.load_best_model_at_end", _same),
+    "metric_for_best_model": ("train.metric_for_best_model", _metric),
+    "early_stopping_steps": ("train.early_stopping_patience", _same),
+    "gradient_checkpointing": ("train.gradient_checkpointing", _same),
+    "bf16": ("", _precision("bf16")),
+    "pure_bf16": ("", _precision("bf16")),
+    "fp16": ("", _precision("fp16")),
+    "dataloader_num_workers": ("train.dataloader_num_workers", _same),
+    "report_to": ("", _report_to),
+    "seed": ("train.seed", _same),
+    "resume_from_checkpoint": ("", _resume),
+    "deepspeed": ("", _deepspeed),
+}
+
+# PEFT LoraConfig names inside the walkthrough's `lora_config:` block
+PEFT_KEYS = {"r": "lora.r", "lora_alpha": "lora.lora_alpha", "lora_dropout": "lora.lora_dropout",
+             "target_modules": "lora.target_modules", "bias": "lora.bias", "use_rslora": "lora.use_rslora",
+             "use_dora": "lora.use_dora", "modules_to_save": "lora.modules_to_save"}
+PEFT_IGNORED = {"task_type": "always a causal language model", "inference_mode": "training sets it"}
+
+_MACHINERY = "LLaMA-Factory's own data pipeline; gemmaforge prepares the data once into RUN_DIR/data"
+IGNORED: dict[str, str] = {
+    "trust_remote_code": "Gemma checkpoints need no remote code (transformers' own classes)",
+    "overwrite_output_dir": "the run directory is reused: training resumes from its last complete checkpoint "
+                            "(delete the folder to start over)",
+    "overwrite_cache": _MACHINERY,
+    "preprocessing_num_workers": _MACHINERY,
+    "preprocessing_batch_size": _MACHINERY,
+    "tokenized_path": _MACHINERY,
+    "buffer_size": _MACHINERY,
+    "data_shared_file_system": "nodes check whether they share the run directory themselves",
+    "ignore_pad_token_for_loss": "padding never carries loss",
+    "plot_loss": "always on: RUN_DIR/loss.png",
+    "ddp_timeout": "the launcher's (torchrun / accelerate) timeouts apply",
+    "ddp_find_unused_parameters": "set by the distributed recipe",
+    "save_only_model": "checkpoints always keep the optimizer state, so a run resumes exactly",
+    "logging_dir": "logs go to the run directory",
+    "run_name": "the run is named by output_dir",
+    "do_eval": "eval_strategy decides evaluation during training; `gemmaforge run` evaluates after it",
+    "flash_attn": "each Gemma family gets the attention kernel it needs (eager for Gemma 2's soft-capping)",
+    "use_unsloth": "gemmaforge's own kernels: packed rows, chunked loss",
+    "use_unsloth_gc": "gemmaforge's own kernels: packed rows, chunked loss",
+    "enable_liger_kernel": "gemmaforge's own kernels: packed rows, chunked loss",
+    "upcast_layernorm": "the precision policy decides (train.precision)",
+    "upcast_lmhead_output": "the loss is computed in fp32, chunk by chunk of supervised positions",
+    "tf32": "the precision policy decides (train.precision)",
+    "low_cpu_mem_usage": "transformers' loading default",
+    "use_fast_tokenizer": "the checkpoint's tokenizer.json is used",
+    "cache_dir": "models come from the Hugging Face cache as transformers puts them",
+    "hf_hub_token": "log in with `hf auth login` (HF_TOKEN)",
+    "image_max_pixels": "Gemma's image processors fix each picture's size (Gemma 3: 896x896; Gemma 4: a budget "
+                        "of soft tokens)",
+    "image_min_pixels": "Gemma's image processors fix each picture's size",
+    "image_do_pan_and_scan": "pan-and-scan crops are off, as Gemma3Processor sets them",
+    "video_max_pixels": "video data is refused at prepare time",
+    "video_min_pixels": "video data is refused at prepare time",
+    "video_fps": "video data is refused at prepare time",
+    "video_maxlen": "video data is refused at prepare time",
+    "enable_thinking": "Gemma 4 thinking follows the data (an assistant's thinking or reasoning_content)",
+    "compute_accuracy": "eval reports loss, perplexity and the suite's scores",
+    "include_effective_tokens_per_second": "the manifest records supervised tokens per second",
+    "include_num_input_tokens_seen": "the manifest records supervised tokens per second",
+    "print_param_status": "a debugging print of LLaMA-Factory's",
+    "ray_num_workers": "several GPUs: the recipes in examples/distributed (accelerate or torchrun)",
+    "dataloader_pin_memory": "set by the trainer",
+    "remove_unused_columns": "the prepared rows hold only what training reads",
+    "predict_with_generate": "eval generates answers for its cases",
+    "infer_backend": "serve and eval choose their engine (eval.engine)",
+    "model_max_length": "train.cutoff_len bounds the rows",
+    "create_new_adapter": "one adapter per run",
+}
+IGNORED_PREFIXES = {"vllm_": "vLLM settings: `gemmaforge export vllm` writes the serve command",
+                    "sglang_": "SGLang is not a gemmaforge engine",
+                    "swanlab_": "SwanLab is not supported (use_swanlab: false)",
+                    "hub_": "nothing is pushed to a hub", "profiler_": "no torch profiler in gemmaforge"}
+
+# keys that change what is trained: allowed at LLaMA-Factory's default only (set otherwise: exit 2)
+REFUSED: dict[str, tuple[Any, str]] = {
+    "eval_dataset": (None, "evaluate on a split (val_size) or a file (gemmaforge data.eval_path)"),
+    "media_dir": (None, "pictures are found relative to dataset_dir"),
+    "mix_strategy": ("concat", "datasets are concatenated"),
+    "interleave_probs": (None, "datasets are concatenated"),
+    "streaming": (False, "datasets are prepared, not streamed"),
+    "tool_format": (None, "tools are rendered in each family's own format"),
+    "freeze_language_model": (False, "LoRA always trains the language model"),
+    "loraplus_lr_ratio": (None, "LoRA+ learning rates are not supported"),
+    "pissa_init": (False, "PiSSA initialisation is not supported"),
+    "pissa_convert": (False, "PiSSA is not supported"),
+    "use_llama_pro": (False, "LLaMA Pro block expansion is not supported"),
+    "use_galore": (False, "GaLore is not supported"),
+    "use_apollo": (False, "APOLLO is not supported"),
+    "use_badam": (False, "BAdam is not supported"),
+    "use_adam_mini": (False, "gemmaforge trains with AdamW"),
+    "use_muon": (False, "gemmaforge trains with AdamW"),
+    "use_dft_loss": (False, "gemmaforge trains with cross-entropy"),
+    "use_asft_loss": (False, "gemmaforge trains with cross-entropy"),
+    "use_eaft_loss": (False, "gemmaforge trains with cross-entropy"),
+    "use_swanlab": (False, "SwanLab is not supported"),
+    "use_kt": (False, "KTransformers is not supported"),
+    "use_mca": (False, "Megatron-Core is not supported"),
+    "use_megatron_bridge": (False, "Megatron is not supported"),
+    "use_hyper_parallel": (False, "hyper-parallel training is not supported"),
+    "disable_shuffling": (False, "training rows are shuffled by the seed"),
+    "rope_scaling": (None, "the checkpoint's own RoPE is used"),
+    "shift_attn": (False, "shifted sparse attention is not supported"),
+    "mixture_of_depths": (None, "mixture of depths is not supported"),
+    "resize_vocab": (False, "the vocabulary is the checkpoint's"),
+    "add_tokens": (None, "the vocabulary is the checkpoint's"),
+    "add_special_tokens": (None, "the vocabulary is the checkpoint's"),
+    "new_special_tokens_config": (None, "the vocabulary is the checkpoint's"),
+    "train_from_scratch": (False, "LoRA starts from the checkpoint"),
+    "adapter_name_or_path": (None, "training starts a new adapter; merge one with `gemmaforge merge "
+                                   "EXPORT.yaml`"),
+    "quantization_method": ("bnb", "QLoRA quantizes with bitsandbytes"),
+    "quantization_type": ("nf4", "QLoRA quantizes to NF4"),
+    "double_quantization": (True, "QLoRA double-quantizes"),
+    "optim": ("adamw_torch", "gemmaforge trains with AdamW (adamw_torch)"),
+    "lr_scheduler_kwargs": (None, "schedulers take their standard arguments"),
+    "label_smoothing_factor": (0.0, "gemmaforge trains with plain cross-entropy"),
+    "neftune_noise_alpha": (None, "NEFTune is not supported"),
+    "greater_is_better": (None, "eval_loss and loss are lower-is-better"),
+    "do_predict": (False, "run `gemmaforge eval RUN_DIR` on the trained run"),
+    "push_to_hub": (False, "nothing is pushed to a hub"),
+    "fsdp": ("", "several GPUs: accelerate launch --config_file examples/distributed/fsdp2.yaml"),
+    "fsdp_config": (None, "several GPUs: accelerate launch --config_file examples/distributed/fsdp2.yaml"),
+    "torch_compile": (False, "gemmaforge does not compile the model"),
+}
+
+# keys that take LLaMA-Factory's (or transformers') default when left out, where gemmaforge's default differs in
+# what it trains: (gemmaforge key, value, the key it stands for)
+DEFAULTS: list[tuple[str, Any, str]] = [
+    ("lora.lora_dropout", 0.0, "lora_dropout"),
+    ("train.cutoff_len", 2048, "cutoff_len"),
+    ("train.num_train_epochs", 3.0, "num_train_epochs"),
+    ("train.per_device_train_batch_size", 8, "per_device_train_batch_size"),
+    ("train.learning_rate", 5.0e-5, "learning_rate"),
+    ("train.save_steps", 500, "save_steps"),
+    ("data.path", "data", "dataset_dir"),
+]
+
+
+def is_llamafactory(raw: dict[str, Any]) -> bool:
+    """Written with LLaMA-Factory's keys (translate refuses one that mixes in gemmaforge sections)."""
+    return bool(MARKERS & raw.keys())
+
+
+def translate(raw: dict[str, Any], source: str) -> Translation:
+    """A gemmaforge raw config from an LLaMA-Factory one. UserError naming the key when a key has no equivalent
+    and changes what is trained, or is unknown."""
+    mixed = sorted(k for k in SECTIONS if isinstance(raw.get(k), dict))
+    if mixed:
+        raise UserError(f"{source}: mixes LLaMA-Factory keys with gemmaforge sections ({', '.join(mixed)}): "
+                        "write one or the other")
+    t = Translation()
+    flat = dict(raw)
+    nested = {}
+    for block in ("lora_config", "training_args"):
+        if block in flat:
+            if not isinstance(flat[block], dict):
+                raise UserError(f"{source}: {block}: expected a mapping of keys")
+            nested[block] = flat.pop(block)
+    for key, value in nested.get("training_args", {}).items():
+        if key in flat:
+            raise UserError(f"{source}: training_args.{key} is also set at the top level: keep one")
+        flat[key] = value
+    for key in sorted(flat, key=lambda k: k != "output_dir"):  # resume_from_checkpoint is read against it
+        _translate_key(key, flat[key], t, source, key)
+    for key, value in nested.get("lora_config", {}).items():
+        where = f"lora_config.{key}"
+        if key in PEFT_IGNORED:
+            t.ignored.append((where, PEFT_IGNORED[key]))
+        elif key in PEFT_KEYS:
+            t.set(PEFT_KEYS[key], value, where)
+            t.translated.append((where, f"{PEFT_KEYS[key]}: {value}"))
+        else:
+            raise UserError(f"{source}: {where}: unknown LoRA key{_close(key, [*PEFT_KEYS, *PEFT_IGNORED])}")
+    _fill_defaults(t, flat, source)
+    _check_model(t, flat.get("template"), source)
+    return t
+
+
+def _translate_key(key: str, value: Any, t: Translation, source: str, where: str) -> None:
+    if key in TRANSLATED:
+        target, convert = TRANSLATED[key]
+        try:
+            converted = convert(value, key, t)
+        except UserError as e:
+            raise UserError(f"{source}: {e}") from None
+        if target:
+            t.set(target, converted, where)
+            converted = f"{target}: {converted}"
+        t.translated.append((where, converted))
+    elif key in IGNORED:
+        t.ignored.append((where, IGNORED[key]))
+    elif any(key.startswith(p) for p in IGNORED_PREFIXES):
+        t.ignored.append((where, next(r for p, r in IGNORED_PREFIXES.items() if key.startswith(p))))
+    elif key in REFUSED:
+        default, instead = REFUSED[key]
+        if value != default and value not in (None, "", [], {}):
+            raise UserError(f"{source}: {where}: {value!r} has no gemmaforge equivalent and changes what is trained "
+                            f"({instead}); remove the key")
+        t.ignored.append((where, f"at LLaMA-Factory's default ({instead})"))
+    else:
+        known = [*TRANSLATED, *IGNORED, *REFUSED]
+        raise UserError(f"{source}: {where}: not an LLaMA-Factory SFT key gemmaforge knows{_close(key, known)}")
+
+
+def _fill_defaults(t: Translation, flat: dict[str, Any], source: str) -> None:
+    for target, value, key in DEFAULTS:
+        if not t.has(target):
+            t.set(target, value, f"{key} (LLaMA-Factory's default)")
+            t.notes.append(f"{key} not set: LLaMA-Factory's default {value} ({target})")
+    if not t.has("lora.target_modules"):
+        t.set("lora.target_modules", "all-linear", "lora_target (LLaMA-Factory's default: all)")
+        t.notes.append("lora_target not set: LLaMA-Factory's default, all linear layers of the language model")
+    if not t.has("lora.lora_alpha"):  # LLaMA-Factory: lora_alpha defaults to twice the rank
+        t.set("lora.lora_alpha", 2 * int(t.raw.get("lora", {}).get("r", 8)), "lora_alpha (2 x lora_rank)")
+        t.notes.append("lora_alpha not set: twice the rank, as LLaMA-Factory does")
+    if "val_size" not in flat:
+        t.notes.append("val_size not set: LLaMA-Factory would train on every record; gemmaforge holds out 10% to "
+                       "evaluate the tuned model (set val_size to choose)")
+    if "packing" not in flat and "neat_packing" not in flat:
+        t.notes.append("packing not set: rows are packed with attention kept within each example (LLaMA-Factory's "
+                       "neat_packing), which trains what padded batches train, faster; packing: false pads")
+    if not ({"bf16", "fp16", "pure_bf16"} & flat.keys()):
+        t.notes.append("bf16/fp16 not set: train.precision auto (bf16 where the device has it, else fp32)")
+    if "output_dir" not in flat:
+        raise UserError(f"{source}: output_dir: required (the run directory)")
+    if "dataset" not in flat:
+        raise UserError(f"{source}: dataset: required (dataset names in dataset_dir's dataset_info.json)")
+
+
+def _check_model(t: Translation, template: Any, source: str) -> None:
+    """A non-Gemma model is refused; the template must be its family's."""
+    model = str(t.raw.get("model", {}).get("name_or_path", "gemma3-270m"))
+    family = _family_of(model)
+    if family is None and OTHER_MODELS.search(Path(model).name):
+        raise UserError(f"{source}: model_name_or_path: {model} is not a Gemma checkpoint; gemmaforge trains Gemma "
+                        "1, 2, 3 and 4")
+    if template is not None and family is None:
+        t.notes.append(f"template {template}: not checked, {model} does not name its family (the checkpoint's own "
+                       "family's format is rendered in any case)")
+    elif family is not None:
+        check_template(template, family, model, source)
+
+
+def _family_of(model: str) -> str | None:
+    """The Gemma family of a local checkpoint (its config.json), the embedded model, or a hub id that names it."""
+    if model == "gemma3-270m":
+        return "gemma3"
+    path = Path(model).expanduser()
+    if path.is_dir() and (path / "config.json").is_file():
+        return read_spec(path).family.name
+    found = re.search(r"gemma-(\d)(?![\d.]*b)", Path(model).name, re.IGNORECASE)  # gemma-3-4b-it; not gemma-7b
+    return {"1": "gemma", "2": "gemma2", "3": "gemma3", "4": "gemma4"}.get(found.group(1)) if found else None
+
+
+def _close(key: str, known: list[str]) -> str:
+    close = difflib.get_close_matches(key, known, n=1, cutoff=0.6)
+    return f"; did you mean '{close[0]}'?" if close else ""
+
+
+EXPORT_IGNORED = {
+    "export_size": "the merged checkpoint keeps the base checkpoint's safetensors shards (merged in place, one "
+                   "layer at a time)",
+    "export_device": "merging runs on the CPU, one layer at a time",
+    "trust_remote_code": IGNORED["trust_remote_code"],
+}
+EXPORT_REFUSED = {
+    "export_legacy_format": (False, "the merged checkpoint is written as safetensors"),
+    "export_quantization_bit": (None, "GPTQ is not supported: quantize the merged model to GGUF with `gemmaforge "
+                                      "export gguf EXPORT_DIR --quant q4_k_m`"),
+    "export_quantization_dataset": (None, "GPTQ is not supported"),
+    "export_hub_model_id": (None, "nothing is pushed to a hub"),
+    "quantization_bit": (None, "merging needs the full-precision base"),
+}
+
+
+@dataclass(frozen=True)
+class MergeRequest:
+    """An LLaMA-Factory export config (examples/merge_lora/*.yaml) as a gemmaforge merge."""
+
+    run_dir: Path  # adapter_name_or_path: the run directory training wrote (LLaMA-Factory's output_dir)
+    export_dir: Path
+    model: str | None
+    template: str | None
+    report: str
+
+
+def merge_request(raw: dict[str, Any], source: str) -> MergeRequest:
+    """UserError naming the key for what a merge cannot do."""
+    for key in ("adapter_name_or_path", "export_dir"):
+        if not raw.get(key):
+            raise UserError(f"{source}: {key}: required (the run directory to merge, and where the merged "
+                            "checkpoint goes)")
+    lines = []
+    for key, value in raw.items():
+        if key in ("model_name_or_path", "adapter_name_or_path", "export_dir", "template"):
+            lines.append(f"#   {key}: {value}")
+        elif key in EXPORT_IGNORED:
+            lines.append(f"#   {key}: ignored ({EXPORT_IGNORED[key]})")
+        elif key in EXPORT_REFUSED:
+            default, instead = EXPORT_REFUSED[key]
+            if value != default and value is not None:
+                raise UserError(f"{source}: {key}: {value!r} has no gemmaforge equivalent ({instead}); remove the key")
+            lines.append(f"#   {key}: ignored at LLaMA-Factory's default ({instead})")
+        else:
+            known = [*EXPORT_IGNORED, *EXPORT_REFUSED, "model_name_or_path", "adapter_name_or_path", "export_dir"]
+            raise UserError(f"{source}: {key}: not an LLaMA-Factory export key gemmaforge knows{_close(key, known)}")
+    template = raw.get("template")
+    if template is not None and template not in TEMPLATES:
+        _template(template, "template", Translation())  # the same refusal as for training
+    adapters = _names(raw["adapter_name_or_path"], "adapter_name_or_path", Translation())
+    if len(adapters) != 1:
+        raise UserError(f"{source}: adapter_name_or_path: one run directory to merge, got {len(adapters)}")
+    return MergeRequest(Path(adapters[0]), Path(raw["export_dir"]), raw.get("model_name_or_path"), template,
+                        "# an LLaMA-Factory export config, merged as:\n" + "\n".join(lines) + "\n")
+
+
+def check_template(template: str | None, family: str, model: str, source: str) -> None:
+    """The LLaMA-Factory template names the checkpoint's family."""
+    if template is not None and family not in TEMPLATES.get(template, ()):
+        expected = [name for name, families in TEMPLATES.items() if family in families]
+        raise UserError(f"{source}: template: {template} does not fit {model}, a {family} checkpoint (its "
+                        f"template: {' or '.join(expected)})")

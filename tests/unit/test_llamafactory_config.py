@@ -1,0 +1,216 @@
+"""LLaMA-Factory configs run unchanged: its own example YAMLs (../shared/llamafactory/examples, read there) with the
+model and template pointed at a tiny Gemma 3 and its data/ folder, the walkthrough's nested lora_config /
+training_args form, its merge_lora export YAML, and the keys that cannot be translated."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from gemmaforge.cli import main
+from gemmaforge.llamafactory_config import IGNORED, REFUSED, TRANSLATED
+
+# the walkthrough's blocks (../shared/seeds, section 4.1 and 4.2) as its author wrote them, the two lines it leaves
+# commented out (model and dataset) filled in
+WALKTHROUGH = """\
+model_name_or_path: {model}
+dataset: identity
+dataset_dir: {data}
+template: gemma3
+lora_config:
+  r: 16
+  lora_alpha: 32
+  target_modules: [q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj]
+  lora_dropout: 0.05
+  bias: none
+  use_rslora: false
+  use_dora: false
+training_args:
+  output_dir: {out}
+  num_train_epochs: 3
+  per_device_train_batch_size: 4
+  per_device_eval_batch_size: 4
+  gradient_accumulation_steps: 4
+  learning_rate: 2e-4
+  warmup_steps: 100
+  logging_steps: 10
+  save_steps: 200
+  evaluation_strategy: steps
+  eval_steps: 100
+  save_total_limit: 3
+  bf16: true
+  tf32: false
+  gradient_checkpointing: true
+  dataloader_num_workers: 4
+  report_to: none
+"""
+
+
+def example(llamafactory_data: Path, name: str, tmp_path: Path, gemma: Path, **changes: object) -> Path:
+    """LLaMA-Factory's example YAML `name` with the model, template, data folder and output_dir pointed here."""
+    raw = yaml.safe_load((llamafactory_data.parent / "examples" / name).read_text(encoding="utf-8"))
+    raw.update({"model_name_or_path": str(gemma), "template": "gemma3", "dataset_dir": str(llamafactory_data),
+                "output_dir": str(tmp_path / "saves"), **changes})
+    path = tmp_path / Path(name).name
+    path.write_text(yaml.safe_dump(raw, sort_keys=False))
+    return path
+
+
+def converted(path: Path, capsys) -> tuple[dict, str]:
+    assert main(["config", "convert", str(path)]) == 0
+    text = capsys.readouterr().out
+    return yaml.safe_load(text), text
+
+
+def test_the_sft_example_converts_key_by_key(llamafactory_data: Path, tiny_gemma3_dir: Path, tmp_path: Path,
+                                             capsys) -> None:
+    path = example(llamafactory_data, "train_lora/qwen3_lora_sft.yaml", tmp_path, tiny_gemma3_dir)
+    config, text = converted(path, capsys)
+    assert config["model"]["name_or_path"] == str(tiny_gemma3_dir)
+    assert config["data"]["dataset"] == ["identity", "alpaca_en_demo"]
+    assert config["data"]["path"] == str(llamafactory_data) and config["data"]["max_samples"] == 1000
+    assert config["lora"] | {"r": 8, "lora_alpha": 16.0, "lora_dropout": 0.0, "target_modules": "all-linear"} == \
+        config["lora"]  # lora_alpha: twice the rank, dropout 0, all linear layers: LLaMA-Factory's defaults
+    train = config["train"]
+    assert (train["per_device_train_batch_size"], train["gradient_accumulation_steps"], train["learning_rate"],
+            train["num_train_epochs"], train["lr_scheduler_type"], train["warmup_ratio"], train["cutoff_len"],
+            train["precision"], train["save_steps"], train["logging_steps"], train["dataloader_num_workers"]) == \
+        (1, 8, 1e-4, 3.0, "cosine", 0.1, 2048, "bf16", 500, 10, 4)
+    assert config["output_dir"] == str(tmp_path / "saves")
+    for ignored in ("trust_remote_code", "preprocessing_num_workers", "plot_loss", "overwrite_output_dir",
+                    "save_only_model", "ddp_timeout"):
+        assert f"#   {ignored}: " in text  # each listed once, with its reason
+    assert "#   template -> checked against the model's family" in text
+
+
+def test_every_key_of_the_example_is_in_one_table(llamafactory_data: Path) -> None:
+    """No key of LLaMA-Factory's SFT examples falls through: each is translated, ignored or refused."""
+    tables = TRANSLATED.keys() | IGNORED.keys() | REFUSED.keys()
+    for name in ("qwen3_lora_sft.yaml", "qwen3_lora_sft_ds3.yaml", "qwen3vl_lora_sft.yaml", "mossvl_lora_sft.yaml"):
+        raw = yaml.safe_load((llamafactory_data.parent / "examples" / "train_lora" / name).read_text())
+        assert set(raw) - tables == set(), name
+
+
+def test_the_walkthrough_nested_form(llamafactory_data: Path, tiny_gemma3_dir: Path, tmp_path: Path,
+                                     capsys) -> None:
+    path = tmp_path / "train_config.yaml"
+    path.write_text(WALKTHROUGH.format(model=tiny_gemma3_dir, data=llamafactory_data, out=tmp_path / "out"))
+    config, text = converted(path, capsys)
+    assert config["lora"]["r"] == 16 and config["lora"]["lora_alpha"] == 32 and config["lora"]["lora_dropout"] == 0.05
+    assert config["lora"]["target_modules"] == ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
+                                                "down_proj"]
+    train = config["train"]
+    assert (train["num_train_epochs"], train["per_device_train_batch_size"], train["gradient_accumulation_steps"],
+            train["learning_rate"], train["warmup_steps"], train["eval_strategy"], train["eval_steps"],
+            train["save_total_limit"], train["precision"], train["gradient_checkpointing"]) == \
+        (3, 4, 4, 2e-4, 100, "steps", 100, 3, "bf16", True)
+    assert config["eval"]["batch_size"] == 4
+    assert "#   tf32: " in text and "#   lora_config.r -> lora.r: 16" in text
+
+
+@pytest.mark.integration
+def test_the_sft_example_trains_and_its_merge_example_merges(llamafactory_data: Path, tiny_gemma3_dir: Path,
+                                                             tmp_path: Path, capsys) -> None:
+    """`gemmaforge run` on LLaMA-Factory's example (identity + alpaca_en_demo), a few steps, through eval, merge and
+    GGUF; run.yaml holds the translation; then its merge_lora YAML, pointed at the run, merges into export_dir."""
+    from safetensors import safe_open
+
+    path = example(llamafactory_data, "train_lora/qwen3_lora_sft.yaml", tmp_path, tiny_gemma3_dir, max_samples=24,
+                   cutoff_len=256, val_size=4)
+    assert main(["run", str(path), "train.max_steps=2", "train.precision=fp32", "eval.num_samples=2",
+                 "eval.max_new_tokens=8", "eval.retention=false", "export.gguf=[f16]"]) == 0
+    err = capsys.readouterr().err
+    assert "is an LLaMA-Factory config, read as gemmaforge's" in err and "ddp_timeout: " in err
+    run = tmp_path / "saves"
+    written = yaml.safe_load((run / "run.yaml").read_text())
+    assert written["lora"]["target_modules"] == "all-linear" and written["data"]["max_samples"] == 24
+    stats = json.loads((run / "data" / "stats.json").read_text())
+    assert stats["records"] == 48  # the first 24 of each dataset (max_samples)
+    stages = json.loads((run / "manifest.json").read_text())["stages"]
+    assert {"data", "train", "eval", "merge", "export_gguf", "export_ollama"} <= stages.keys()
+
+    raw = yaml.safe_load((llamafactory_data.parent / "examples" / "merge_lora" / "qwen3_lora_sft.yaml").read_text())
+    raw.update(model_name_or_path=str(tiny_gemma3_dir), template="gemma3", adapter_name_or_path=str(run),
+               export_dir=str(tmp_path / "merged"))
+    merge_yaml = tmp_path / "merge.yaml"
+    merge_yaml.write_text(yaml.safe_dump(raw))
+    assert main(["merge", str(merge_yaml)]) == 0
+    assert "export_size: ignored (" in capsys.readouterr().err
+    name = "model.layers.0.self_attn.q_proj.weight"
+    with safe_open(tmp_path / "merged" / "model.safetensors", "pt") as merged, \
+            safe_open(tiny_gemma3_dir / "model.safetensors", "pt") as base:
+        assert not merged.get_tensor(name).equal(base.get_tensor(name))  # the adapter is in the weights
+
+    raw.update(template="gemma4n")
+    merge_yaml.write_text(yaml.safe_dump(raw))
+    assert main(["merge", str(merge_yaml)]) == 2
+    assert "template: gemma4n does not fit" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("change", "expected"), [
+    ({"stage": "dpo"}, "stage: dpo: gemmaforge trains supervised fine-tuning (stage: sft) only"),
+    ({"finetuning_type": "full"}, "finetuning_type: full: gemmaforge trains LoRA adapters only"),
+    ({"template": "qwen3_nothink"}, "template: qwen3_nothink is not a Gemma template"),
+    ({"template": "gemma4"}, "template: gemma4 does not fit"),
+    ({"template": "gemma3n"}, "Gemma 3n checkpoints are not supported yet"),
+    ({"model_name_or_path": "Qwen/Qwen3-4B-Instruct-2507"}, "is not a Gemma checkpoint"),
+    ({"lora_rnk": 8}, "lora_rnk: not an LLaMA-Factory SFT key gemmaforge knows; did you mean 'lora_rank'?"),
+    ({"loraplus_lr_ratio": 16.0}, "loraplus_lr_ratio: 16.0 has no gemmaforge equivalent and changes what is trained"),
+    ({"quantization_bit": 8}, "quantization_bit: 8: gemmaforge quantizes the base for QLoRA in 4 bits only"),
+    ({"eval_dataset": "alpaca_en_demo"}, "eval_dataset: 'alpaca_en_demo' has no gemmaforge equivalent"),
+    ({"resume_from_checkpoint": "/elsewhere/checkpoint-5"}, "a checkpoint of another directory cannot be resumed"),
+    ({"learning_rate": "fast"}, "learning_rate (train.learning_rate): "),
+    ({"do_train": False}, "do_train: False: gemmaforge configs train"),
+    ({"model": {"name_or_path": "x"}}, "mixes LLaMA-Factory keys with gemmaforge sections (model)"),
+])
+def test_what_cannot_be_translated_exits_2_naming_the_key(change: dict, expected: str, llamafactory_data: Path,
+                                                          tiny_gemma3_dir: Path, tmp_path: Path, capsys) -> None:
+    path = example(llamafactory_data, "train_lora/qwen3_lora_sft.yaml", tmp_path, tiny_gemma3_dir, **change)
+    assert main(["train", str(path)]) == 2
+    assert expected in capsys.readouterr().err
+    assert not (tmp_path / "saves").exists()  # nothing written
+
+
+def test_the_other_stages_examples_are_refused_by_their_stage(llamafactory_data: Path, tiny_gemma3_dir: Path,
+                                                              tmp_path: Path, capsys) -> None:
+    for name, stage in (("qwen3_lora_dpo.yaml", "dpo"), ("qwen3_lora_kto.yaml", "kto"),
+                        ("qwen3_lora_pretrain.yaml", "pt"), ("qwen3_lora_reward.yaml", "rm")):
+        path = example(llamafactory_data, f"train_lora/{name}", tmp_path, tiny_gemma3_dir)
+        assert main(["config", "convert", str(path)]) == 2
+        assert f"stage: {stage}: gemmaforge trains supervised fine-tuning" in capsys.readouterr().err
+
+
+def test_notes_for_deepspeed_and_report_to(llamafactory_data: Path, tiny_gemma3_dir: Path, tmp_path: Path,
+                                           capsys) -> None:
+    path = example(llamafactory_data, "train_lora/qwen3_lora_sft_ds3.yaml", tmp_path, tiny_gemma3_dir,
+                   report_to=["wandb", "tensorboard"])
+    config, text = converted(path, capsys)
+    assert "examples/distributed/deepspeed_zero3.yaml -m gemmaforge train CONFIG` (ZeRO-3)" in text
+    assert config["train"]["report_to"] == "tensorboard" and "report_to: wandb not supported" in text
+
+
+def test_lora_alpha_follows_the_rank_and_qlora(llamafactory_data: Path, tiny_gemma3_dir: Path, tmp_path: Path,
+                                               capsys) -> None:
+    path = example(llamafactory_data, "train_lora/qwen3_lora_sft.yaml", tmp_path, tiny_gemma3_dir, lora_rank=32,
+                   quantization_bit=4, lora_target="q_proj,v_proj", additional_target="embed_tokens")
+    config, _ = converted(path, capsys)
+    assert config["lora"]["lora_alpha"] == 64 and config["lora"]["target_modules"] == ["q_proj", "v_proj"]
+    assert config["lora"]["modules_to_save"] == ["embed_tokens"] and config["model"]["load_in_4bit"] is True
+
+
+def test_bad_merge_yaml_keys_exit_2(tmp_path: Path, capsys) -> None:
+    for raw, expected in (
+        ({"adapter_name_or_path": "saves/x", "export_dir": "out", "export_quantization_bit": 4},
+         "export_quantization_bit: 4 has no gemmaforge equivalent (GPTQ is not supported"),
+        ({"adapter_name_or_path": "saves/x", "export_dir": "out", "export_legacy_format": True},
+         "written as safetensors"),
+        ({"export_dir": "out"}, "adapter_name_or_path: required"),
+        ({"adapter_name_or_path": "saves/x", "export_dir": "out", "export_sise": 5}, "did you mean 'export_size'?"),
+    ):
+        path = tmp_path / "merge.yaml"
+        path.write_text(yaml.safe_dump(raw))
+        assert main(["merge", str(path)]) == 2
+        assert expected in capsys.readouterr().err
