@@ -163,7 +163,7 @@ def test_every_verb_and_target_has_help(capsys: pytest.CaptureFixture[str]) -> N
     assert documented <= set(verbs)
     commands = [[verb] for verb in verbs if verb != "export"] + [["export", t] for t in ("gguf", "verify", "vllm",
                                                                                         "ollama")]
-    commands += [["data", t] for t in ("prepare", "inspect")]
+    commands += [["data", t] for t in ("prepare", "inspect")] + [["config", "convert"]]
     for command in [[], *commands]:
         with pytest.raises(SystemExit) as exit_info:
             parser.parse_args([*command, "--help"])

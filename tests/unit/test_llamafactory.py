@@ -83,6 +83,16 @@ def test_num_samples_is_a_seeded_subset(lf_dir: Path, tmp_path: Path, gemma3_tok
     assert again == train
 
 
+def test_max_samples_takes_the_first_records_of_each_dataset(lf_dir: Path, tmp_path: Path, gemma3_tokenizer) -> None:
+    """data.max_samples (LLaMA-Factory's max_samples): the first N of each source, after its num_samples subset."""
+    config = DataConfig(path=str(lf_dir), dataset="shop_alpaca,shop_sharegpt,sampled", val_size=0, max_samples=2)
+    stats = prepare_data(config, 3, tmp_path / "out", gemma3_tokenizer, FAMILIES["gemma3"], 512)
+    assert [s["records"] for s in stats["sources"]] == [2, 2, 2]
+    questions = {conversation[-2]["content"] for conversation in read_prepared(tmp_path / "out" / "train.jsonl")}
+    assert {"能退货吗 0\n买了 3 天", "能退货吗 1\n买了 3 天", "运费多少 0", "运费多少 1"} <= questions
+    assert not questions & {"能退货吗 2\n买了 3 天", "运费多少 5"}
+
+
 @pytest.mark.parametrize(
     "dataset, pattern",
     [

@@ -94,6 +94,17 @@ def test_every_key_of_the_example_is_in_one_table(llamafactory_data: Path) -> No
         assert set(raw) - tables == set(), name
 
 
+def test_the_readme_states_every_key_of_the_tables() -> None:
+    """README's LLaMA-Factory section names each translated, ignored and refused key, as the code's tables hold them."""
+    from gemmaforge.llamafactory_config import EXPORT_IGNORED, EXPORT_REFUSED, IGNORED_PREFIXES, PEFT_KEYS
+
+    readme = (Path(__file__).parents[2] / "README.md").read_text(encoding="utf-8")
+    section = readme.split("## LLaMA-Factory configs")[1].split("\n## ")[0]
+    keys = [*TRANSLATED, *IGNORED, *REFUSED, *PEFT_KEYS, *EXPORT_IGNORED, *EXPORT_REFUSED,
+            *(f"{prefix}*" for prefix in IGNORED_PREFIXES)]
+    assert [key for key in keys if f"`{key}`" not in section] == []
+
+
 def test_the_walkthrough_nested_form(llamafactory_data: Path, tiny_gemma3_dir: Path, tmp_path: Path,
                                      capsys) -> None:
     path = tmp_path / "train_config.yaml"
