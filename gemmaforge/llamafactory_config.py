@@ -191,6 +191,11 @@ def _zero_stage(value: Any) -> int:
     return 3 if stage == 3 else 2
 
 
+def _no_checkpointing(value: Any, key: str, t: Translation) -> str:
+    t.set("train.gradient_checkpointing", not value, key)
+    return f"train.gradient_checkpointing: {str(not value).lower()}"
+
+
 def _dataset_dir(value: Any, key: str, t: Translation) -> str:
     t.set("data.path", value, key)
     return f"data.path: {value}"
@@ -247,6 +252,7 @@ TRANSLATED: dict[str, tuple[str, Convert]] = {
     "metric_for_best_model": ("train.metric_for_best_model", _metric),
     "early_stopping_steps": ("train.early_stopping_patience", _same),
     "gradient_checkpointing": ("train.gradient_checkpointing", _same),
+    "disable_gradient_checkpointing": ("", _no_checkpointing),
     "bf16": ("", _precision("bf16")),
     "pure_bf16": ("", _precision("bf16")),
     "fp16": ("", _precision("fp16")),
@@ -255,6 +261,11 @@ TRANSLATED: dict[str, tuple[str, Convert]] = {
     "seed": ("train.seed", _same),
     "resume_from_checkpoint": ("", _resume),
     "deepspeed": ("", _deepspeed),
+    # generating arguments: LLaMA-Factory's predictions, gemmaforge's eval answers
+    "do_sample": ("eval.do_sample", _same),
+    "temperature": ("eval.temperature", _same),
+    "top_p": ("eval.top_p", _same),
+    "max_new_tokens": ("eval.max_new_tokens", _same),
 }
 
 # PEFT LoraConfig names inside the walkthrough's `lora_config:` block
@@ -314,10 +325,78 @@ IGNORED: dict[str, str] = {
     "model_max_length": "train.cutoff_len bounds the rows",
     "create_new_adapter": "one adapter per run",
 }
+_EVAL_DECODING = "eval decodes greedily, or samples with temperature and top_p"
+_OFF = "applies to {}, which is refused when on"
+IGNORED.update({
+    "use_reentrant_gc": "gemmaforge chooses how checkpointed layers recompute",
+    "gradient_checkpointing_kwargs": "gemmaforge chooses how checkpointed layers recompute",
+    "offload_folder": "nothing is offloaded to disk",
+    "use_kv_cache": "generation always uses the KV cache",
+    "use_v1_kernels": "gemmaforge's own kernels: packed rows, chunked loss",
+    "infer_dtype": "serve and eval choose their dtype",
+    "ms_hub_token": "models come from the Hugging Face hub or a local folder",
+    "om_hub_token": "models come from the Hugging Face hub or a local folder",
+    "init_special_tokens": "no tokens are added",
+    "quantization_device_map": "QLoRA loads the base on this rank's GPU",
+    "use_audio_in_video": "audio data is refused at prepare time",
+    "audio_sampling_rate": "audio data is refused at prepare time",
+    "eval_num_beams": _EVAL_DECODING,
+    "top_k": _EVAL_DECODING, "num_beams": _EVAL_DECODING, "repetition_penalty": _EVAL_DECODING,
+    "length_penalty": _EVAL_DECODING, "max_length": "eval.max_new_tokens bounds the answers",
+    "skip_special_tokens": "answers are decoded without special tokens",
+    "loraplus_lr_embedding": _OFF.format("loraplus_lr_ratio"),
+    "pissa_iter": _OFF.format("pissa_init"),
+    "freeze_trainable_layers": _OFF.format("finetuning_type: freeze"),
+    "freeze_trainable_modules": _OFF.format("finetuning_type: freeze"),
+    "freeze_extra_modules": _OFF.format("finetuning_type: freeze"),
+    "module_dropout": _OFF.format("finetuning_type: oft"),
+    "asft_alpha": _OFF.format("use_asft_loss"), "eaft_alpha": _OFF.format("use_eaft_loss"),
+    "megatron_bridge_args": _OFF.format("use_megatron_bridge"),
+    "hyper_parallel_args": _OFF.format("use_hyper_parallel"),
+    "hyper_parallel_cp_size": _OFF.format("use_hyper_parallel"),
+    "ld_alpha": _OFF.format("stage: dpo"), "ref_model": _OFF.format("stage: dpo/kto/ppo"),
+    "ref_model_adapters": _OFF.format("stage: dpo/kto/ppo"),
+    "ref_model_quantization_bit": _OFF.format("stage: dpo/kto/ppo"),
+    "reward_model": _OFF.format("stage: ppo"), "reward_model_adapters": _OFF.format("stage: ppo"),
+    "reward_model_quantization_bit": _OFF.format("stage: ppo"), "reward_model_type": _OFF.format("stage: ppo"),
+    "master_addr": "several machines: examples/distributed/multinode.sh (torchrun)",
+    "master_port": "several machines: examples/distributed/multinode.sh (torchrun)",
+    "ray_init_kwargs": "several GPUs: the recipes in examples/distributed (accelerate or torchrun)",
+    "enable_torch_profiler": "no torch profiler in gemmaforge",
+    "profile_modules": "no torch profiler in gemmaforge",
+    "fp8_backend": _OFF.format("fp8"), "fp8_enable_fsdp_float8_all_gather": _OFF.format("fp8"),
+    "kt_config": _OFF.format("use_kt"),
+    "fsdp_transformer_layer_cls_to_wrap": "the fsdp2 recipe wraps the model's own decoder layers",
+    "use_cpu": "gemmaforge trains on the GPU when there is one, else the CPU",
+    "debug": "transformers' debugging switches",
+    "logging_strategy": "train.logging_steps",
+    "logging_first_step": "train.logging_steps",
+    "log_level": "gemmaforge prints its own progress",
+    "disable_tqdm": "gemmaforge prints its own progress",
+    "save_safetensors": "adapters and checkpoints are always safetensors",
+    "save_on_each_node": "nodes check whether they share the run directory themselves",
+    "dataloader_persistent_workers": "set by the trainer",
+    "dataloader_prefetch_factor": "set by the trainer",
+    "eval_accumulation_steps": "eval computes the loss alone, batch by batch",
+    "prediction_loss_only": "eval computes the loss alone, batch by batch",
+    "bf16_full_eval": "the precision policy decides (train.precision)",
+    "fp16_full_eval": "the precision policy decides (train.precision)",
+    "auto_find_batch_size": "the memory plan says before training what fits (gemmaforge plan)",
+    "local_rank": "set by the launcher",
+    "ddp_backend": "set by the launcher (nccl, or gloo on the CPU)",
+    "use_liger_kernel": "gemmaforge's own kernels: packed rows, chunked loss",
+})
 IGNORED_PREFIXES = {"vllm_": "vLLM settings: `gemmaforge export vllm` writes the serve command",
                     "sglang_": "SGLang is not a gemmaforge engine",
                     "swanlab_": "SwanLab is not supported (use_swanlab: false)",
-                    "hub_": "nothing is pushed to a hub", "profiler_": "no torch profiler in gemmaforge"}
+                    "hub_": "nothing is pushed to a hub", "profiler_": "no torch profiler in gemmaforge",
+                    "export_": "export keys are read by `gemmaforge merge EXPORT.yaml`",
+                    "kt_": _OFF.format("use_kt"), "oft_": _OFF.format("finetuning_type: oft"),
+                    "galore_": _OFF.format("use_galore"), "apollo_": _OFF.format("use_apollo"),
+                    "badam_": _OFF.format("use_badam"),
+                    "pref_": _OFF.format("stage: dpo/kto/rm"), "dpo_": _OFF.format("stage: dpo"),
+                    "kto_": _OFF.format("stage: kto"), "simpo_": _OFF.format("stage: dpo"),
+                    "ppo_": _OFF.format("stage: ppo")}
 
 # keys that change what is trained: allowed at LLaMA-Factory's default only (set otherwise: exit 2)
 REFUSED: dict[str, tuple[Any, str]] = {
@@ -369,6 +448,19 @@ REFUSED: dict[str, tuple[Any, str]] = {
     "fsdp": ("", "several GPUs: accelerate launch --config_file examples/distributed/fsdp2.yaml"),
     "fsdp_config": (None, "several GPUs: accelerate launch --config_file examples/distributed/fsdp2.yaml"),
     "torch_compile": (False, "gemmaforge does not compile the model"),
+    "adapter_folder": (None, "training starts a new adapter"),
+    "split_special_tokens": (False, "the tokenizer keeps its special tokens whole"),
+    "moe_aux_loss_coef": (None, "the checkpoint's own router settings are kept"),
+    "crop_to_patches": (False, "pictures go through the checkpoint's image processor as it is"),
+    "eval_on_each_dataset": (False, "one validation split across the datasets"),
+    "preserve_thinking": (False, "earlier turns are rendered as Gemma 4's official template renders them"),
+    "fp8": (False, "fp8 training is not supported"),
+    "adam_beta1": (0.9, "AdamW with transformers' default betas"),
+    "adam_beta2": (0.999, "AdamW with transformers' default betas"),
+    "adam_epsilon": (1e-8, "AdamW with transformers' default epsilon"),
+    "group_by_length": (False, "rows are packed, or padded in data order"),
+    "full_determinism": (False, "runs are seeded (train.seed), not bitwise deterministic"),
+    "data_seed": (None, "train.seed orders the data"),
 }
 
 # keys that take LLaMA-Factory's (or transformers') default when left out, where gemmaforge's default differs in
@@ -461,6 +553,10 @@ def _fill_defaults(t: Translation, flat: dict[str, Any], source: str) -> None:
     if not t.has("lora.lora_alpha"):  # LLaMA-Factory: lora_alpha defaults to twice the rank
         t.set("lora.lora_alpha", 2 * int(t.raw.get("lora", {}).get("r", 8)), "lora_alpha (2 x lora_rank)")
         t.notes.append("lora_alpha not set: twice the rank, as LLaMA-Factory does")
+    if not t.has("train.gradient_checkpointing"):
+        t.set("train.gradient_checkpointing", True, "disable_gradient_checkpointing (LLaMA-Factory's default)")
+        t.notes.append("disable_gradient_checkpointing not set: activations are checkpointed, as LLaMA-Factory does "
+                       "by default (train.gradient_checkpointing: true; `gemmaforge plan` says whether it is needed)")
     if "val_size" not in flat:
         t.notes.append("val_size not set: LLaMA-Factory would train on every record; gemmaforge holds out 10% to "
                        "evaluate the tuned model (set val_size to choose)")

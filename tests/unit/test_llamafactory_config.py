@@ -80,6 +80,7 @@ def test_the_sft_example_converts_key_by_key(llamafactory_data: Path, tiny_gemma
             train["precision"], train["save_steps"], train["logging_steps"], train["dataloader_num_workers"]) == \
         (1, 8, 1e-4, 3.0, "cosine", 0.1, 2048, "bf16", 500, 10, 4)
     assert config["output_dir"] == str(tmp_path / "saves")
+    assert train["gradient_checkpointing"] is True  # LLaMA-Factory's default (disable_gradient_checkpointing)
     for ignored in ("trust_remote_code", "preprocessing_num_workers", "plot_loss", "overwrite_output_dir",
                     "save_only_model", "ddp_timeout"):
         assert f"#   {ignored}: " in text  # each listed once, with its reason
@@ -203,13 +204,19 @@ def test_notes_for_deepspeed_and_report_to(llamafactory_data: Path, tiny_gemma3_
     assert config["train"]["report_to"] == "tensorboard" and "report_to: wandb not supported" in text
 
 
-def test_lora_alpha_follows_the_rank_and_qlora(llamafactory_data: Path, tiny_gemma3_dir: Path, tmp_path: Path,
-                                               capsys) -> None:
+def test_lora_alpha_follows_the_rank_qlora_checkpointing_and_decoding(llamafactory_data: Path, tiny_gemma3_dir: Path,
+                                                                      tmp_path: Path, capsys) -> None:
     path = example(llamafactory_data, "train_lora/qwen3_lora_sft.yaml", tmp_path, tiny_gemma3_dir, lora_rank=32,
-                   quantization_bit=4, lora_target="q_proj,v_proj", additional_target="embed_tokens")
-    config, _ = converted(path, capsys)
+                   quantization_bit=4, lora_target="q_proj,v_proj", additional_target="embed_tokens",
+                   disable_gradient_checkpointing=True, do_sample=True, temperature=0.3, max_new_tokens=64,
+                   num_beams=4)
+    config, text = converted(path, capsys)
     assert config["lora"]["lora_alpha"] == 64 and config["lora"]["target_modules"] == ["q_proj", "v_proj"]
     assert config["lora"]["modules_to_save"] == ["embed_tokens"] and config["model"]["load_in_4bit"] is True
+    assert config["train"]["gradient_checkpointing"] is False
+    assert (config["eval"]["do_sample"], config["eval"]["temperature"], config["eval"]["max_new_tokens"]) == \
+        (True, 0.3, 64)
+    assert "#   num_beams: eval decodes greedily, or samples with temperature and top_p" in text
 
 
 def test_bad_merge_yaml_keys_exit_2(tmp_path: Path, capsys) -> None:
