@@ -50,6 +50,8 @@ class Translation:
     origin: dict[str, str] = field(default_factory=dict)  # gemmaforge dotted key -> the key it came from
 
     def set(self, key: str, value: Any, source: str) -> None:
+        if key in self.origin and self._get(key) != value:
+            raise UserError(f"{self.origin[key]} and {source} disagree (both set {key})")
         section, _, name = key.rpartition(".")
         node = self.raw
         for part in section.split(".") if section else ():
@@ -59,6 +61,12 @@ class Translation:
 
     def has(self, key: str) -> bool:
         return key in self.origin
+
+    def _get(self, key: str) -> Any:
+        node: Any = self.raw
+        for part in key.split("."):
+            node = node[part]
+        return node
 
     def report(self) -> str:
         """The translation as YAML comments, for the top of the written config."""
@@ -98,13 +106,13 @@ def _stage(value: Any, key: str, t: Translation) -> str:
     if value != "sft":
         what = {"pt": "pre-training on raw text", "rm": "reward modelling", "ppo": "PPO", "dpo": "DPO preference "
                 "training", "kto": "KTO preference training"}.get(value, repr(value))
-        raise UserError(f"stage: {value}: gemmaforge trains supervised fine-tuning (stage: sft) only, not {what}")
+        raise UserError(f"{key}: {value}: gemmaforge trains supervised fine-tuning (stage: sft) only, not {what}")
     return "supervised fine-tuning"
 
 
 def _finetuning_type(value: Any, key: str, t: Translation) -> str:
     if value != "lora":
-        raise UserError(f"finetuning_type: {value}: gemmaforge trains LoRA adapters only (finetuning_type: lora); "
+        raise UserError(f"{key}: {value}: gemmaforge trains LoRA adapters only (finetuning_type: lora); "
                         "full and freeze tuning rewrite the base weights")
     return "a LoRA adapter"
 
@@ -118,9 +126,9 @@ def _do_train(value: Any, key: str, t: Translation) -> str:
 
 def _template(value: Any, key: str, t: Translation) -> str:
     if value in NOT_YET:
-        raise UserError(f"template: {value}: {NOT_YET[value]}")
+        raise UserError(f"{key}: {value}: {NOT_YET[value]}")
     if value not in TEMPLATES:
-        raise UserError(f"template: {value} is not a Gemma template (expected one of: {', '.join(TEMPLATES)}); "
+        raise UserError(f"{key}: {value} is not a Gemma template (expected one of: {', '.join(TEMPLATES)}); "
                         "gemmaforge trains Gemma checkpoints and renders each family's own chat format")
     return "checked against the model's family (its official chat format is rendered)"
 
@@ -138,7 +146,7 @@ def _quantization_bit(value: Any, key: str, t: Translation) -> str:
     if value is None:
         return "off"
     if value != 4:
-        raise UserError(f"quantization_bit: {value}: gemmaforge quantizes the base for QLoRA in 4 bits only "
+        raise UserError(f"{key}: {value}: gemmaforge quantizes the base for QLoRA in 4 bits only "
                         "(bitsandbytes NF4 with double quantization)")
     t.set("model.load_in_4bit", True, key)
     return "model.load_in_4bit: true (QLoRA)"
@@ -489,40 +497,34 @@ def translate(raw: dict[str, Any], source: str) -> Translation:
         raise UserError(f"{source}: mixes LLaMA-Factory keys with gemmaforge sections ({', '.join(mixed)}): "
                         "write one or the other")
     t = Translation()
-    flat = dict(raw)
-    nested = {}
+    flat = {key: value for key, value in raw.items() if key not in ("lora_config", "training_args")}
+    where = {key: key for key in flat}
+    blocks = {}
     for block in ("lora_config", "training_args"):
-        if block in flat:
-            if not isinstance(flat[block], dict):
+        if block in raw:
+            if not isinstance(raw[block], dict):
                 raise UserError(f"{source}: {block}: expected a mapping of keys")
-            nested[block] = flat.pop(block)
-    for key, value in nested.get("training_args", {}).items():
+            blocks[block] = raw[block]
+    for key, value in blocks.get("training_args", {}).items():
         if key in flat:
             raise UserError(f"{source}: training_args.{key} is also set at the top level: keep one")
-        flat[key] = value
-    for key in sorted(flat, key=lambda k: k != "output_dir"):  # resume_from_checkpoint is read against it
-        _translate_key(key, flat[key], t, source, key)
-    for key, value in nested.get("lora_config", {}).items():
-        where = f"lora_config.{key}"
-        if key in PEFT_IGNORED:
-            t.ignored.append((where, PEFT_IGNORED[key]))
-        elif key in PEFT_KEYS:
-            t.set(PEFT_KEYS[key], value, where)
-            t.translated.append((where, f"{PEFT_KEYS[key]}: {value}"))
-        else:
-            raise UserError(f"{source}: {where}: unknown LoRA key{_close(key, [*PEFT_KEYS, *PEFT_IGNORED])}")
+        flat[key], where[key] = value, f"training_args.{key}"
+    try:
+        for key in sorted(flat, key=lambda k: k != "output_dir"):  # resume_from_checkpoint is read against it
+            _translate_key(key, flat[key], t, where[key])
+        for key, value in blocks.get("lora_config", {}).items():
+            _translate_peft_key(key, value, t)
+    except UserError as e:
+        raise UserError(f"{source}: {e}") from None
     _fill_defaults(t, flat, source)
     _check_model(t, flat.get("template"), source)
     return t
 
 
-def _translate_key(key: str, value: Any, t: Translation, source: str, where: str) -> None:
+def _translate_key(key: str, value: Any, t: Translation, where: str) -> None:
     if key in TRANSLATED:
         target, convert = TRANSLATED[key]
-        try:
-            converted = convert(value, key, t)
-        except UserError as e:
-            raise UserError(f"{source}: {e}") from None
+        converted = convert(value, where, t)
         if target:
             t.set(target, converted, where)
             converted = f"{target}: {converted}"
@@ -534,12 +536,24 @@ def _translate_key(key: str, value: Any, t: Translation, source: str, where: str
     elif key in REFUSED:
         default, instead = REFUSED[key]
         if value != default and value not in (None, "", [], {}):
-            raise UserError(f"{source}: {where}: {value!r} has no gemmaforge equivalent and changes what is trained "
+            raise UserError(f"{where}: {value!r} has no gemmaforge equivalent and changes what is trained "
                             f"({instead}); remove the key")
         t.ignored.append((where, f"at LLaMA-Factory's default ({instead})"))
     else:
         known = [*TRANSLATED, *IGNORED, *REFUSED]
-        raise UserError(f"{source}: {where}: not an LLaMA-Factory SFT key gemmaforge knows{_close(key, known)}")
+        raise UserError(f"{where}: not an LLaMA-Factory SFT key gemmaforge knows{_close(key, known)}")
+
+
+def _translate_peft_key(key: str, value: Any, t: Translation) -> None:
+    """A key of the walkthrough's `lora_config:` block (PEFT's LoraConfig names)."""
+    where = f"lora_config.{key}"
+    if key in PEFT_IGNORED:
+        t.ignored.append((where, PEFT_IGNORED[key]))
+    elif key in PEFT_KEYS:
+        t.set(PEFT_KEYS[key], value, where)
+        t.translated.append((where, f"{PEFT_KEYS[key]}: {value}"))
+    else:
+        raise UserError(f"{where}: unknown LoRA key{_close(key, [*PEFT_KEYS, *PEFT_IGNORED])}")
 
 
 def _fill_defaults(t: Translation, flat: dict[str, Any], source: str) -> None:
@@ -621,7 +635,7 @@ EXPORT_REFUSED = {
 class MergeRequest:
     """An LLaMA-Factory export config (examples/merge_lora/*.yaml) as a gemmaforge merge."""
 
-    run_dir: Path  # adapter_name_or_path: the run directory training wrote (LLaMA-Factory's output_dir)
+    run_dir: Path  # adapter_name_or_path: the run directory training wrote, or an adapter folder LLaMA-Factory wrote
     export_dir: Path
     model: str | None
     template: str | None
@@ -632,8 +646,8 @@ def merge_request(raw: dict[str, Any], source: str) -> MergeRequest:
     """UserError naming the key for what a merge cannot do."""
     for key in ("adapter_name_or_path", "export_dir"):
         if not raw.get(key):
-            raise UserError(f"{source}: {key}: required (the run directory to merge, and where the merged "
-                            "checkpoint goes)")
+            raise UserError(f"{source}: {key}: required (the run or adapter folder to merge, and where the "
+                            "merged checkpoint goes)")
     lines = []
     for key, value in raw.items():
         if key in ("model_name_or_path", "adapter_name_or_path", "export_dir", "template"):

@@ -95,6 +95,14 @@ def stage_eval(run: RunDir, config: RunConfig, base: ResolvedModel) -> None:
 EVAL_MANIFEST_KEYS = ("eval_loss", "perplexity", "suite_pass_rate", "bleu", "rouge_l", "retention_accuracy")
 
 
+def merge_adapter_folder(adapter: Path, base: ResolvedModel, target: Path) -> None:
+    """A PEFT adapter folder that is not a run's (LLaMA-Factory's output_dir) merged into `target`."""
+    from gemmaforge.export.merge import merge_adapter
+
+    merge_adapter(adapter, base, target)
+    console.print(f"[bold]merge[/]: {adapter} + {base.reference} -> {target}")
+
+
 def stage_merge(run: RunDir, base: ResolvedModel, target: Path | None = None) -> None:
     """The adapter merged into RUN_DIR/merged, or into `target` (an LLaMA-Factory export_dir)."""
     from gemmaforge.export.merge import merge

@@ -12,7 +12,7 @@ from gemmaforge.config import GGUF_QUANTS, ExportConfig, RunConfig, Split, read_
 from gemmaforge.console import console, escape
 from gemmaforge.errors import UserError
 from gemmaforge.llamafactory_config import check_template, merge_request
-from gemmaforge.models import ResolvedModel
+from gemmaforge.models import ResolvedModel, resolve_model
 from gemmaforge.runs import RunDir
 from gemmaforge.units import parse_decimal_size
 
@@ -82,16 +82,28 @@ def merge(args: argparse.Namespace, home: Path) -> int:
     source = str(args.run_dir)
     request = merge_request(read_yaml(args.run_dir), source)
     console.print(escape(request.report), end="")
-    run, config, base = _open(request.run_dir, home)
-    if request.model is not None and request.model != config.model.name_or_path and \
-            Path(request.model).expanduser().resolve() != base.path:
-        raise UserError(f"{source}: model_name_or_path: {request.model}, but {run.root} was trained on "
-                        f"{config.model.name_or_path}")
-    check_template(request.template, base.family.name, config.model.name_or_path, source)
-    pipeline.stage_merge(run, base, request.export_dir)
-    console.print(f"next: gemmaforge export gguf {request.export_dir} --quant q8_0 (or the whole run's exports: "
-                  f"gemmaforge merge {run.root}, then gemmaforge export gguf {run.root})")
+    if is_adapter_folder(request.run_dir):  # an adapter LLaMA-Factory (or PEFT) trained: its base is named
+        if request.model is None:
+            raise UserError(f"{source}: model_name_or_path: required to merge {request.run_dir}, an adapter "
+                            "folder rather than a gemmaforge run")
+        base = resolve_model(request.model, home)
+        check_template(request.template, base.family.name, request.model, source)
+        pipeline.merge_adapter_folder(request.run_dir, base, request.export_dir)
+    else:
+        run, config, base = _open(request.run_dir, home)
+        if request.model is not None and request.model != config.model.name_or_path and \
+                Path(request.model).expanduser().resolve() != base.path:
+            raise UserError(f"{source}: model_name_or_path: {request.model}, but {run.root} was trained on "
+                            f"{config.model.name_or_path}")
+        check_template(request.template, base.family.name, config.model.name_or_path, source)
+        pipeline.stage_merge(run, base, request.export_dir)
+    console.print(f"next: gemmaforge export gguf {request.export_dir} --quant q8_0")
     return 0
+
+
+def is_adapter_folder(path: Path) -> bool:
+    """A PEFT adapter's own folder rather than a run directory (which has run.yaml)."""
+    return (path / "adapter_config.json").is_file() and not (path / "run.yaml").is_file()
 
 
 def export_gguf(args: argparse.Namespace, home: Path) -> int:

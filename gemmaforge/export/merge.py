@@ -27,17 +27,21 @@ _LOAD_TIME_CONFIG_KEYS = ("_name_or_path",)
 
 def merge(run: RunDir, base: ResolvedModel, target: Path | None = None) -> dict[str, Any]:
     """The run's adapter merged into a copy of the base, in RUN_DIR/merged or `target`."""
+    adapter = run.require(run.adapter_dir / "adapter_config.json", "train").parent
+    return merge_adapter(adapter, base, target or run.merged_dir)
+
+
+def merge_adapter(adapter: Path, base: ResolvedModel, target: Path) -> dict[str, Any]:
+    """A PEFT adapter folder (a run's adapter/, or one LLaMA-Factory trained) merged into a copy of the base."""
     import transformers
 
-    target = target or run.merged_dir
-
-    adapter = run.require(run.adapter_dir / "adapter_config.json", "train").parent
     config = json.loads((base.path / "config.json").read_text(encoding="utf-8"))
     if "quantization_config" in config:  # a QLoRA run merges into the full-precision weights, never 4-bit ones
         method = config["quantization_config"].get("quant_method", "quantized")
         raise UserError(f"{base.path / 'config.json'}: the base is stored {method}; merge writes full-precision "
                         "weights and needs the full-precision checkpoint it was quantized from (model: its hub id)")
-    tokenizer = load_tokenizer(adapter)
+    # the adapter's tokenizer when it saved one (a run's, LLaMA-Factory's output_dir), else the base's
+    tokenizer = load_tokenizer(adapter if (adapter / "tokenizer_config.json").is_file() else base.path)
     tokenizer.chat_template = hf_chat_template(base.family)
     with atomic_dir(target) as tmp:
         counts = merge_into_copy(base.path, adapter, getattr(transformers, base.spec.architecture.name),

@@ -87,6 +87,14 @@ def test_the_sft_example_converts_key_by_key(llamafactory_data: Path, tiny_gemma
     assert "#   template -> checked against the model's family" in text
 
 
+def test_plan_reads_it_too(llamafactory_data: Path, tiny_gemma3_dir: Path, tmp_path: Path, capsys) -> None:
+    """`gemmaforge plan` on the LLaMA-Factory file: its batch and cutoff, as translated, are what is planned."""
+    path = example(llamafactory_data, "train_lora/qwen3_lora_sft.yaml", tmp_path, tiny_gemma3_dir)
+    assert main(["plan", str(path), "--json"]) in (0, 1)
+    plan = json.loads(capsys.readouterr().out)
+    assert (plan["batch_size"], plan["cutoff_len"]) == (1, 2048)
+
+
 def test_every_key_of_the_example_is_in_one_table(llamafactory_data: Path) -> None:
     """No key of LLaMA-Factory's SFT examples falls through: each is translated, ignored or refused."""
     tables = TRANSLATED.keys() | IGNORED.keys() | REFUSED.keys()
@@ -120,7 +128,7 @@ def test_the_walkthrough_nested_form(llamafactory_data: Path, tiny_gemma3_dir: P
             train["save_total_limit"], train["precision"], train["gradient_checkpointing"]) == \
         (3, 4, 4, 2e-4, 100, "steps", 100, 3, "bf16", True)
     assert config["eval"]["batch_size"] == 4
-    assert "#   tf32: " in text and "#   lora_config.r -> lora.r: 16" in text
+    assert "#   training_args.tf32: " in text and "#   lora_config.r -> lora.r: 16" in text
 
 
 @pytest.mark.integration
@@ -156,6 +164,13 @@ def test_the_sft_example_trains_and_its_merge_example_merges(llamafactory_data: 
             safe_open(tiny_gemma3_dir / "model.safetensors", "pt") as base:
         assert not merged.get_tensor(name).equal(base.get_tensor(name))  # the adapter is in the weights
 
+    # the adapter folder alone, as LLaMA-Factory's output_dir holds one: merged into model_name_or_path, the same bytes
+    raw.update(adapter_name_or_path=str(run / "adapter"), export_dir=str(tmp_path / "merged-from-folder"))
+    merge_yaml.write_text(yaml.safe_dump(raw))
+    assert main(["merge", str(merge_yaml)]) == 0
+    assert (tmp_path / "merged-from-folder" / "model.safetensors").read_bytes() == \
+        (tmp_path / "merged" / "model.safetensors").read_bytes()
+
     raw.update(template="gemma4n")
     merge_yaml.write_text(yaml.safe_dump(raw))
     assert main(["merge", str(merge_yaml)]) == 2
@@ -177,6 +192,10 @@ def test_the_sft_example_trains_and_its_merge_example_merges(llamafactory_data: 
     ({"learning_rate": "fast"}, "learning_rate (train.learning_rate): "),
     ({"do_train": False}, "do_train: False: gemmaforge configs train"),
     ({"model": {"name_or_path": "x"}}, "mixes LLaMA-Factory keys with gemmaforge sections (model)"),
+    ({"fp16": True}, "bf16 and fp16 disagree (both set train.precision)"),
+    ({"packing": False, "neat_packing": True}, "packing and neat_packing disagree (both set train.packing)"),
+    ({"training_args": {"learning_rate": 1e-3}}, "training_args.learning_rate is also set at the top level"),
+    ({"lora_config": {"rank": 8}}, "lora_config.rank: unknown LoRA key"),
 ])
 def test_what_cannot_be_translated_exits_2_naming_the_key(change: dict, expected: str, llamafactory_data: Path,
                                                           tiny_gemma3_dir: Path, tmp_path: Path, capsys) -> None:
@@ -227,7 +246,11 @@ def test_bad_merge_yaml_keys_exit_2(tmp_path: Path, capsys) -> None:
          "written as safetensors"),
         ({"export_dir": "out"}, "adapter_name_or_path: required"),
         ({"adapter_name_or_path": "saves/x", "export_dir": "out", "export_sise": 5}, "did you mean 'export_size'?"),
+        ({"adapter_name_or_path": str(tmp_path / "lf_adapter"), "export_dir": "out"},
+         "model_name_or_path: required to merge"),
     ):
+        (tmp_path / "lf_adapter").mkdir(exist_ok=True)
+        (tmp_path / "lf_adapter" / "adapter_config.json").write_text("{}")
         path = tmp_path / "merge.yaml"
         path.write_text(yaml.safe_dump(raw))
         assert main(["merge", str(path)]) == 2
