@@ -35,6 +35,7 @@ SECTIONS = ("model", "data", "lora", "train", "eval", "export")
 _TURNS = ("gemma", "gemma2", "gemma3")
 TEMPLATES = {"gemma": _TURNS, "gemma2": _TURNS, "gemma3": _TURNS, "gemma4": ("gemma4",), "gemma4n": ("gemma4",)}
 NOT_YET = {"gemma3n": "Gemma 3n checkpoints are not supported yet"}
+EXPONENT_FLOAT = re.compile(r"^[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+$")
 OTHER_MODELS = re.compile(r"qwen|llama|mistral|mixtral|phi-?\d|deepseek|glm|baichuan|internlm|yi-|moss|falcon|"
                           r"olmo|minicpm|granite|ernie|kimi|hunyuan", re.IGNORECASE)
 
@@ -146,7 +147,7 @@ def _quantization_bit(value: Any, key: str, t: Translation) -> str:
     if value is None:
         return "off"
     if value != 4:
-        raise UserError(f"{key}: {value}: gemmaforge quantizes the base for QLoRA in 4 bits only "
+        raise UserError(f"{key}: {value!r}: gemmaforge quantizes the base for QLoRA in 4 bits only "
                         "(bitsandbytes NF4 with double quantization)")
     t.set("model.load_in_4bit", True, key)
     return "model.load_in_4bit: true (QLoRA)"
@@ -174,29 +175,72 @@ def _metric(value: Any, key: str, t: Translation) -> Any:
 def _resume(value: Any, key: str, t: Translation) -> str:
     if value in (None, False):
         return "off"
-    if value is True or (isinstance(value, str) and Path(value).parent == Path(str(t.raw.get("output_dir", "")))):
-        return "the run's last complete checkpoint (gemmaforge train resumes by itself)"
+    run = Path(str(t.raw.get("output_dir", "")))
+    if value is True or (isinstance(value, str) and Path(value).parent in (run, run / "checkpoints")):
+        return "the run's last complete checkpoint, whichever step (gemmaforge train resumes by itself)"
     raise UserError(f"{key}: {value}: gemmaforge resumes from the last checkpoint in output_dir by itself; a "
                     "checkpoint of another directory cannot be resumed (copy it into output_dir, or leave the key out)")
 
 
 def _deepspeed(value: Any, key: str, t: Translation) -> str:
     stage = _zero_stage(value)
-    recipe = "deepspeed_zero3.yaml" if stage == 3 else "deepspeed_zero2.yaml"
+    recipe = {0: "ddp.yaml", 3: "deepspeed_zero3.yaml"}.get(stage, "deepspeed_zero2.yaml")
     return (f"a launcher's choice in gemmaforge: `accelerate launch --config_file examples/distributed/{recipe} "
             f"-m gemmaforge train CONFIG` (ZeRO-{stage})")
 
 
 def _zero_stage(value: Any) -> int:
-    """The ZeRO stage of a DeepSpeed config (a file or the dict itself), 2 when it does not say."""
+    """The ZeRO stage of a DeepSpeed config (a file, its name, or the dict itself): 0, 3, or 2 for 1 and 2 (the
+    ZeRO-2 recipe shards what ZeRO-1 shards and more) and when it does not say."""
     config = value
     if isinstance(value, str):
         try:
             config = json.loads(Path(value).read_text(encoding="utf-8"))
         except (OSError, json.JSONDecodeError):
-            return 3 if re.search(r"z(ero)?_?3", Path(value).name) else 2
+            found = re.search(r"z(?:ero)?_?([0-3])", Path(value).name)
+            return int(found.group(1)) if found else 2
     stage = (config or {}).get("zero_optimization", {}).get("stage", 2) if isinstance(config, dict) else 2
-    return 3 if stage == 3 else 2
+    return stage if stage in (0, 3) else 2
+
+
+def _packing(value: Any, key: str, t: Translation) -> str:
+    """LLaMA-Factory packs with packing or neat_packing (which implies packing); gemmaforge's packed rows always keep
+    attention within each example, as neat_packing does."""
+    if not value:
+        return "off"
+    t.set("train.packing", True, "packing / neat_packing")
+    return "train.packing: true (attention kept within each example, as neat_packing)"
+
+
+def _checkpointing(value: Any, key: str, t: Translation) -> str:
+    """transformers' flag turns checkpointing on; off, LLaMA-Factory's own switch still decides."""
+    if not value:
+        return "off here; disable_gradient_checkpointing decides, as in LLaMA-Factory"
+    t.set("train.gradient_checkpointing", True, key)
+    return "train.gradient_checkpointing: true"
+
+
+def _warmup_steps(value: Any, key: str, t: Translation) -> str:
+    """transformers 5 reads a warmup_steps below 1 as a fraction of the steps."""
+    target = "train.warmup_ratio" if 0 < float(value) < 1 else "train.warmup_steps"
+    t.set(target, value if target.endswith("ratio") else int(value), key)
+    return f"{target}: {value}"
+
+
+def _lora_alpha(value: Any, key: str, t: Translation) -> str:
+    if not value:  # LLaMA-Factory: lora_alpha or 2 x rank
+        return "twice the rank (unset)"
+    t.set("lora.lora_alpha", value, key)
+    return f"lora.lora_alpha: {value}"
+
+
+def _projector(value: Any, key: str, t: Translation) -> str:
+    if not value:
+        raise UserError(f"{key}: false means another thing here: LLaMA-Factory's LoRA leaves the projector out of "
+                        "lora_target all (nothing more trains), while gemmaforge's lora.freeze_multi_modal_projector: "
+                        "false trains it in full; remove the key, or set gemmaforge's in the converted config "
+                        "(`gemmaforge config convert`)")
+    return "the projector stays frozen (lora.freeze_multi_modal_projector: true)"
 
 
 def _no_checkpointing(value: Any, key: str, t: Translation) -> str:
@@ -226,17 +270,17 @@ TRANSLATED: dict[str, tuple[str, Convert]] = {
     "train_on_prompt": ("data.train_on_prompt", _same),
     "mask_history": ("data.mask_history", _same),
     "cutoff_len": ("train.cutoff_len", _same),
-    "packing": ("train.packing", _same),
-    "neat_packing": ("train.packing", _same),
+    "packing": ("", _packing),
+    "neat_packing": ("", _packing),
     "lora_rank": ("lora.r", _same),
-    "lora_alpha": ("lora.lora_alpha", _same),
+    "lora_alpha": ("", _lora_alpha),
     "lora_dropout": ("lora.lora_dropout", _same),
     "lora_target": ("lora.target_modules", _target),
     "additional_target": ("lora.modules_to_save", _names),
     "use_rslora": ("lora.use_rslora", _same),
     "use_dora": ("lora.use_dora", _same),
     "freeze_vision_tower": ("lora.freeze_vision_tower", _same),
-    "freeze_multi_modal_projector": ("lora.freeze_multi_modal_projector", _same),
+    "freeze_multi_modal_projector": ("", _projector),
     "output_dir": ("output_dir", _same),
     "num_train_epochs": ("train.num_train_epochs", _same),
     "max_steps": ("train.max_steps", _same),
@@ -246,7 +290,7 @@ TRANSLATED: dict[str, tuple[str, Convert]] = {
     "learning_rate": ("train.learning_rate", _same),
     "lr_scheduler_type": ("train.lr_scheduler_type", _same),
     "warmup_ratio": ("train.warmup_ratio", _same),
-    "warmup_steps": ("train.warmup_steps", _same),
+    "warmup_steps": ("", _warmup_steps),
     "weight_decay": ("train.weight_decay", _same),
     "max_grad_norm": ("train.max_grad_norm", _same),
     "logging_steps": ("train.logging_steps", _same),
@@ -259,7 +303,7 @@ TRANSLATED: dict[str, tuple[str, Convert]] = {
     "load_best_model_at_end": ("train.load_best_model_at_end", _same),
     "metric_for_best_model": ("train.metric_for_best_model", _metric),
     "early_stopping_steps": ("train.early_stopping_patience", _same),
-    "gradient_checkpointing": ("train.gradient_checkpointing", _same),
+    "gradient_checkpointing": ("", _checkpointing),
     "disable_gradient_checkpointing": ("", _no_checkpointing),
     "bf16": ("", _precision("bf16")),
     "pure_bf16": ("", _precision("bf16")),
@@ -285,8 +329,8 @@ PEFT_IGNORED = {"task_type": "always a causal language model", "inference_mode":
 _MACHINERY = "LLaMA-Factory's own data pipeline; gemmaforge prepares the data once into RUN_DIR/data"
 IGNORED: dict[str, str] = {
     "trust_remote_code": "Gemma checkpoints need no remote code (transformers' own classes)",
-    "overwrite_output_dir": "the run directory is reused: training resumes from its last complete checkpoint "
-                            "(delete the folder to start over)",
+    "overwrite_output_dir": "the run directory is reused: training resumes from its last complete checkpoint, "
+                            "where LLaMA-Factory would start over (delete the folder to start over)",
     "overwrite_cache": _MACHINERY,
     "preprocessing_num_workers": _MACHINERY,
     "preprocessing_batch_size": _MACHINERY,
@@ -312,15 +356,13 @@ IGNORED: dict[str, str] = {
     "use_fast_tokenizer": "the checkpoint's tokenizer.json is used",
     "cache_dir": "models come from the Hugging Face cache as transformers puts them",
     "hf_hub_token": "log in with `hf auth login` (HF_TOKEN)",
-    "image_max_pixels": "Gemma's image processors fix each picture's size (Gemma 3: 896x896; Gemma 4: a budget "
-                        "of soft tokens)",
-    "image_min_pixels": "Gemma's image processors fix each picture's size",
-    "image_do_pan_and_scan": "pan-and-scan crops are off, as Gemma3Processor sets them",
+    "image_max_pixels": "each picture goes to the checkpoint's own image processor at its own size (LLaMA-Factory "
+                        "first shrinks pictures above image_max_pixels, 768x768 by default)",
+    "image_min_pixels": "each picture goes to the checkpoint's own image processor at its own size",
     "video_max_pixels": "video data is refused at prepare time",
     "video_min_pixels": "video data is refused at prepare time",
     "video_fps": "video data is refused at prepare time",
     "video_maxlen": "video data is refused at prepare time",
-    "enable_thinking": "Gemma 4 thinking follows the data (an assistant's thinking or reasoning_content)",
     "compute_accuracy": "eval reports loss, perplexity and the suite's scores",
     "include_effective_tokens_per_second": "the manifest records supervised tokens per second",
     "include_num_input_tokens_seen": "the manifest records supervised tokens per second",
@@ -409,7 +451,9 @@ IGNORED_PREFIXES = {"vllm_": "vLLM settings: `gemmaforge export vllm` writes the
 # keys that change what is trained: allowed at LLaMA-Factory's default only (set otherwise: exit 2)
 REFUSED: dict[str, tuple[Any, str]] = {
     "eval_dataset": (None, "evaluate on a split (val_size) or a file (gemmaforge data.eval_path)"),
-    "media_dir": (None, "pictures are found relative to dataset_dir"),
+    "enable_thinking": (True, "thinking in the data trains as written; LLaMA-Factory's false removes it"),
+    "image_do_pan_and_scan": (False, "pan-and-scan crops are off, as Gemma3Processor sets them"),
+    "media_dir": ("dataset_dir", "pictures are found relative to dataset_dir"),
     "mix_strategy": ("concat", "datasets are concatenated"),
     "interleave_probs": (None, "datasets are concatenated"),
     "streaming": (False, "datasets are prepared, not streamed"),
@@ -446,11 +490,11 @@ REFUSED: dict[str, tuple[Any, str]] = {
     "quantization_method": ("bnb", "QLoRA quantizes with bitsandbytes"),
     "quantization_type": ("nf4", "QLoRA quantizes to NF4"),
     "double_quantization": (True, "QLoRA double-quantizes"),
-    "optim": ("adamw_torch", "gemmaforge trains with AdamW (adamw_torch)"),
+    "optim": (("adamw_torch", "adamw_torch_fused"), "gemmaforge trains with torch's AdamW"),
     "lr_scheduler_kwargs": (None, "schedulers take their standard arguments"),
     "label_smoothing_factor": (0.0, "gemmaforge trains with plain cross-entropy"),
     "neftune_noise_alpha": (None, "NEFTune is not supported"),
-    "greater_is_better": (None, "eval_loss and loss are lower-is-better"),
+    "greater_is_better": (False, "eval_loss and loss are lower-is-better"),
     "do_predict": (False, "run `gemmaforge eval RUN_DIR` on the trained run"),
     "push_to_hub": (False, "nothing is pushed to a hub"),
     "fsdp": ("", "several GPUs: accelerate launch --config_file examples/distributed/fsdp2.yaml"),
@@ -468,8 +512,11 @@ REFUSED: dict[str, tuple[Any, str]] = {
     "adam_epsilon": (1e-8, "AdamW with transformers' default epsilon"),
     "group_by_length": (False, "rows are packed, or padded in data order"),
     "full_determinism": (False, "runs are seeded (train.seed), not bitwise deterministic"),
-    "data_seed": (None, "train.seed orders the data"),
+    "data_seed": ("seed", "train.seed orders the data"),
 }
+
+# REFUSED keys accepted when equal to another key's value: that key and its default
+SAME_AS = {"seed": 42, "dataset_dir": "data"}
 
 # keys that take LLaMA-Factory's (or transformers') default when left out, where gemmaforge's default differs in
 # what it trains: (gemmaforge key, value, the key it stands for)
@@ -480,8 +527,16 @@ DEFAULTS: list[tuple[str, Any, str]] = [
     ("train.per_device_train_batch_size", 8, "per_device_train_batch_size"),
     ("train.learning_rate", 5.0e-5, "learning_rate"),
     ("train.save_steps", 500, "save_steps"),
+    ("train.eval_strategy", "no", "eval_strategy"),
+    ("train.packing", False, "packing"),
     ("data.path", "data", "dataset_dir"),
 ]
+# PEFT's LoraConfig defaults, for the walkthrough's lora_config block (peft 0.21: r 8, lora_alpha 8, dropout 0, and
+# q_proj/v_proj for every Gemma model type)
+PEFT_DEFAULTS = {"lora.r": 8, "lora.lora_alpha": 8, "lora.lora_dropout": 0.0,
+                 "lora.target_modules": ["q_proj", "v_proj"]}
+# gemmaforge's cleaning, off: LLaMA-Factory trains on the records as they are
+NO_CLEANING = {"data.clean.strip_html": False, "data.clean.remove_control_chars": False, "data.clean.dedup": "none"}
 
 
 def is_llamafactory(raw: dict[str, Any]) -> bool:
@@ -497,6 +552,7 @@ def translate(raw: dict[str, Any], source: str) -> Translation:
         raise UserError(f"{source}: mixes LLaMA-Factory keys with gemmaforge sections ({', '.join(mixed)}): "
                         "write one or the other")
     t = Translation()
+    raw = {key: _number(value) for key, value in raw.items()}
     flat = {key: value for key, value in raw.items() if key not in ("lora_config", "training_args")}
     where = {key: key for key in flat}
     blocks = {}
@@ -506,22 +562,38 @@ def translate(raw: dict[str, Any], source: str) -> Translation:
                 raise UserError(f"{source}: {block}: expected a mapping of keys")
             blocks[block] = raw[block]
     for key, value in blocks.get("training_args", {}).items():
+        value = _number(value)
         if key in flat:
             raise UserError(f"{source}: training_args.{key} is also set at the top level: keep one")
         flat[key], where[key] = value, f"training_args.{key}"
+    for key in [k for k, v in flat.items() if v is None and k in TRANSLATED]:  # `key: null` is LLaMA-Factory's default
+        t.ignored.append((where[key], "null: LLaMA-Factory's default"))
+        del flat[key]
     try:
         for key in sorted(flat, key=lambda k: k != "output_dir"):  # resume_from_checkpoint is read against it
-            _translate_key(key, flat[key], t, where[key])
+            _translate_key(key, flat[key], t, where[key], flat)
         for key, value in blocks.get("lora_config", {}).items():
             _translate_peft_key(key, value, t)
     except UserError as e:
         raise UserError(f"{source}: {e}") from None
-    _fill_defaults(t, flat, source)
+    _fill_defaults(t, flat, source, "lora_config" in blocks)
     _check_model(t, flat.get("template"), source)
     return t
 
 
-def _translate_key(key: str, value: Any, t: Translation, where: str) -> None:
+def _at_default(value: Any, accepted: Any, flat: dict[str, Any]) -> bool:
+    """`value` is LLaMA-Factory's default: unset, one of `accepted`, or (for a key's name as `accepted`, such as
+    data_seed's "seed") that key's value."""
+    if value in (None, "", [], {}):
+        return True
+    if isinstance(accepted, tuple):
+        return value in accepted
+    if accepted in SAME_AS:
+        return value == flat.get(accepted, SAME_AS[accepted])
+    return bool(value == accepted)
+
+
+def _translate_key(key: str, value: Any, t: Translation, where: str, flat: dict[str, Any]) -> None:
     if key in TRANSLATED:
         target, convert = TRANSLATED[key]
         converted = convert(value, where, t)
@@ -534,14 +606,21 @@ def _translate_key(key: str, value: Any, t: Translation, where: str) -> None:
     elif any(key.startswith(p) for p in IGNORED_PREFIXES):
         t.ignored.append((where, next(r for p, r in IGNORED_PREFIXES.items() if key.startswith(p))))
     elif key in REFUSED:
-        default, instead = REFUSED[key]
-        if value != default and value not in (None, "", [], {}):
+        accepted, instead = REFUSED[key]
+        if not _at_default(value, accepted, flat):
             raise UserError(f"{where}: {value!r} has no gemmaforge equivalent and changes what is trained "
                             f"({instead}); remove the key")
         t.ignored.append((where, f"at LLaMA-Factory's default ({instead})"))
     else:
         known = [*TRANSLATED, *IGNORED, *REFUSED]
         raise UserError(f"{where}: not an LLaMA-Factory SFT key gemmaforge knows{_close(key, known)}")
+
+
+def _number(value: Any) -> Any:
+    """`1e-4` as a number: PyYAML (YAML 1.1) reads it as text, LLaMA-Factory's OmegaConf as a float."""
+    if isinstance(value, str) and EXPONENT_FLOAT.match(value):
+        return float(value)
+    return {k: _number(v) for k, v in value.items()} if isinstance(value, dict) else value
 
 
 def _translate_peft_key(key: str, value: Any, t: Translation) -> None:
@@ -556,7 +635,16 @@ def _translate_peft_key(key: str, value: Any, t: Translation) -> None:
         raise UserError(f"{where}: unknown LoRA key{_close(key, [*PEFT_KEYS, *PEFT_IGNORED])}")
 
 
-def _fill_defaults(t: Translation, flat: dict[str, Any], source: str) -> None:
+def _fill_defaults(t: Translation, flat: dict[str, Any], source: str, peft_block: bool) -> None:
+    if peft_block:
+        for target, value in PEFT_DEFAULTS.items():
+            if not t.has(target):
+                t.set(target, value, f"lora_config (PEFT's default {target.split('.')[1]})")
+                t.notes.append(f"lora_config.{target.split('.')[1]} not set: PEFT's default {value}")
+    for target, value in NO_CLEANING.items():
+        t.set(target, value, "LLaMA-Factory's data handling")
+    t.notes.append("gemmaforge's cleaning is off (data.clean: strip_html, remove_control_chars, dedup), as "
+                   "LLaMA-Factory trains on the records as they are")
     for target, value, key in DEFAULTS:
         if not t.has(target):
             t.set(target, value, f"{key} (LLaMA-Factory's default)")
@@ -574,9 +662,16 @@ def _fill_defaults(t: Translation, flat: dict[str, Any], source: str) -> None:
     if "val_size" not in flat:
         t.notes.append("val_size not set: LLaMA-Factory would train on every record; gemmaforge holds out 10% to "
                        "evaluate the tuned model (set val_size to choose)")
-    if "packing" not in flat and "neat_packing" not in flat:
-        t.notes.append("packing not set: rows are packed with attention kept within each example (LLaMA-Factory's "
-                       "neat_packing), which trains what padded batches train, faster; packing: false pads")
+    if t.raw["train"]["eval_strategy"] == "steps" and not t.has("train.eval_steps"):
+        every = t.raw["train"].get("logging_steps", 500)  # transformers: eval_steps defaults to logging_steps
+        t.set("train.eval_steps", every, "eval_steps (transformers' default: logging_steps)")
+        t.notes.append(f"eval_steps not set: every logging_steps ({every}), as transformers does")
+    if not t.raw["train"]["packing"]:  # LLaMA-Factory cuts what is too long when it does not pack
+        t.set("data.clean.overlong", "truncate", "cutoff_len (LLaMA-Factory truncates without packing)")
+        t.notes.append("examples over cutoff_len are cut, as LLaMA-Factory cuts them without packing (gemmaforge cuts "
+                       "the last answer, keeping its end-of-turn); with packing they are dropped, as there")
+    t.notes.append("the chat markers' embedding rows train too (lora.train_template_tokens, gemmaforge's default): "
+                   "base Gemma checkpoints never trained them, and without them answers do not stop")
     if not ({"bf16", "fp16", "pure_bf16"} & flat.keys()):
         t.notes.append("bf16/fp16 not set: train.precision auto (bf16 where the device has it, else fp32)")
     if "output_dir" not in flat:
@@ -619,7 +714,8 @@ EXPORT_IGNORED = {
     "export_size": "the merged checkpoint keeps the base checkpoint's safetensors shards (merged in place, one "
                    "layer at a time)",
     "export_device": "merging runs on the CPU, one layer at a time",
-    "trust_remote_code": IGNORED["trust_remote_code"],
+    "export_quantization_nsamples": "GPTQ settings (export_quantization_bit is refused when set)",
+    "export_quantization_maxlen": "GPTQ settings (export_quantization_bit is refused when set)",
 }
 EXPORT_REFUSED = {
     "export_legacy_format": (False, "the merged checkpoint is written as safetensors"),
@@ -652,15 +748,18 @@ def merge_request(raw: dict[str, Any], source: str) -> MergeRequest:
     for key, value in raw.items():
         if key in ("model_name_or_path", "adapter_name_or_path", "export_dir", "template"):
             lines.append(f"#   {key}: {value}")
-        elif key in EXPORT_IGNORED:
-            lines.append(f"#   {key}: ignored ({EXPORT_IGNORED[key]})")
+        elif key == "finetuning_type":
+            _finetuning_type(value, key, Translation())
+        elif key in EXPORT_IGNORED or (key in IGNORED and key not in EXPORT_REFUSED):
+            lines.append(f"#   {key}: ignored ({EXPORT_IGNORED.get(key) or IGNORED[key]})")
         elif key in EXPORT_REFUSED:
             default, instead = EXPORT_REFUSED[key]
             if value != default and value is not None:
                 raise UserError(f"{source}: {key}: {value!r} has no gemmaforge equivalent ({instead}); remove the key")
             lines.append(f"#   {key}: ignored at LLaMA-Factory's default ({instead})")
         else:
-            known = [*EXPORT_IGNORED, *EXPORT_REFUSED, "model_name_or_path", "adapter_name_or_path", "export_dir"]
+            known = [*EXPORT_IGNORED, *EXPORT_REFUSED, *IGNORED, "model_name_or_path", "adapter_name_or_path",
+                     "export_dir", "finetuning_type"]
             raise UserError(f"{source}: {key}: not an LLaMA-Factory export key gemmaforge knows{_close(key, known)}")
     template = raw.get("template")
     if template is not None and template not in TEMPLATES:

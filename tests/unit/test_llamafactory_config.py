@@ -81,6 +81,10 @@ def test_the_sft_example_converts_key_by_key(llamafactory_data: Path, tiny_gemma
         (1, 8, 1e-4, 3.0, "cosine", 0.1, 2048, "bf16", 500, 10, 4)
     assert config["output_dir"] == str(tmp_path / "saves")
     assert train["gradient_checkpointing"] is True  # LLaMA-Factory's default (disable_gradient_checkpointing)
+    # LLaMA-Factory's sft: padded batches, over-long examples cut, no evaluation during training, no cleaning
+    assert (train["packing"], train["eval_strategy"], config["data"]["clean"]["overlong"]) == (False, "no", "truncate")
+    assert config["data"]["clean"] | {"strip_html": False, "remove_control_chars": False, "dedup": "none"} == \
+        config["data"]["clean"]
     for ignored in ("trust_remote_code", "preprocessing_num_workers", "plot_loss", "overwrite_output_dir",
                     "save_only_model", "ddp_timeout"):
         assert f"#   {ignored}: " in text  # each listed once, with its reason
@@ -129,6 +133,11 @@ def test_the_walkthrough_nested_form(llamafactory_data: Path, tiny_gemma3_dir: P
         (3, 4, 4, 2e-4, 100, "steps", 100, 3, "bf16", True)
     assert config["eval"]["batch_size"] == 4
     assert "#   training_args.tf32: " in text and "#   lora_config.r -> lora.r: 16" in text
+    path.write_text(path.read_text().replace("  lora_alpha: 32\n", "").replace("  target_modules: [q_proj, k_proj, "
+                                                                           "v_proj, o_proj, gate_proj, up_proj, "
+                                                                           "down_proj]\n", ""))
+    config, _ = converted(path, capsys)  # PEFT's LoraConfig defaults, not LLaMA-Factory's
+    assert (config["lora"]["lora_alpha"], config["lora"]["target_modules"]) == (8, ["q_proj", "v_proj"])
 
 
 @pytest.mark.integration
@@ -154,7 +163,7 @@ def test_the_sft_example_trains_and_its_merge_example_merges(llamafactory_data: 
 
     raw = yaml.safe_load((llamafactory_data.parent / "examples" / "merge_lora" / "qwen3_lora_sft.yaml").read_text())
     raw.update(model_name_or_path=str(tiny_gemma3_dir), template="gemma3", adapter_name_or_path=str(run),
-               export_dir=str(tmp_path / "merged"))
+               export_dir=str(tmp_path / "merged"), finetuning_type="lora", infer_dtype="auto")
     merge_yaml = tmp_path / "merge.yaml"
     merge_yaml.write_text(yaml.safe_dump(raw))
     assert main(["merge", str(merge_yaml)]) == 0
@@ -193,7 +202,12 @@ def test_the_sft_example_trains_and_its_merge_example_merges(llamafactory_data: 
     ({"do_train": False}, "do_train: False: gemmaforge configs train"),
     ({"model": {"name_or_path": "x"}}, "mixes LLaMA-Factory keys with gemmaforge sections (model)"),
     ({"fp16": True}, "bf16 and fp16 disagree (both set train.precision)"),
-    ({"packing": False, "neat_packing": True}, "packing and neat_packing disagree (both set train.packing)"),
+    ({"gradient_checkpointing": True, "disable_gradient_checkpointing": True},
+     "disagree (both set train.gradient_checkpointing)"),
+    ({"enable_thinking": False}, "enable_thinking: False has no gemmaforge equivalent"),
+    ({"freeze_multi_modal_projector": False}, "freeze_multi_modal_projector: false means another thing here"),
+    ({"optim": "sgd"}, "optim: 'sgd' has no gemmaforge equivalent"),
+    ({"adam_epsilon": "1e-6"}, "adam_epsilon: 1e-06 has no gemmaforge equivalent"),
     ({"training_args": {"learning_rate": 1e-3}}, "training_args.learning_rate is also set at the top level"),
     ({"lora_config": {"rank": 8}}, "lora_config.rank: unknown LoRA key"),
 ])
@@ -212,6 +226,24 @@ def test_the_other_stages_examples_are_refused_by_their_stage(llamafactory_data:
         path = example(llamafactory_data, f"train_lora/{name}", tmp_path, tiny_gemma3_dir)
         assert main(["config", "convert", str(path)]) == 2
         assert f"stage: {stage}: gemmaforge trains supervised fine-tuning" in capsys.readouterr().err
+
+
+def test_what_llamafactory_reads_differently_from_pyyaml_or_gemmaforge(llamafactory_data: Path, tiny_gemma3_dir: Path,
+                                                                        tmp_path: Path, capsys) -> None:
+    """1e-4 is a number (OmegaConf), `key: null` is the default, defaults spelled out are accepted, warmup_steps
+    below 1 is a ratio (transformers 5), eval_steps falls back to logging_steps, neat_packing packs."""
+    path = example(llamafactory_data, "train_lora/qwen3_lora_sft.yaml", tmp_path, tiny_gemma3_dir)
+    text = path.read_text().replace("learning_rate: 0.0001", "learning_rate: 1e-4").replace("warmup_ratio: 0.1\n", "")
+    path.write_text(text + "adam_epsilon: 1e-8\noptim: adamw_torch_fused\ndata_seed: 42\ngreater_is_better: false\n"
+                    "lora_alpha: null\nadditional_target: null\nwarmup_steps: 0.05\neval_strategy: steps\n"
+                    f"val_size: 0.1\nneat_packing: true\nmedia_dir: {llamafactory_data}\n")
+    assert "learning_rate: 1e-4" in path.read_text()
+    config, text = converted(path, capsys)
+    train = config["train"]
+    assert train["learning_rate"] == 1e-4 and config["lora"]["lora_alpha"] == 16  # 2 x rank, as null means
+    assert (train["warmup_ratio"], train["warmup_steps"], train["eval_steps"], train["packing"]) == (0.05, 0, 10, True)
+    assert "#   adam_epsilon: at LLaMA-Factory's default" in text and "#   lora_alpha: null" in text
+    assert config["data"]["clean"]["overlong"] == "drop"  # packed: over-long examples are dropped, as there
 
 
 def test_notes_for_deepspeed_and_report_to(llamafactory_data: Path, tiny_gemma3_dir: Path, tmp_path: Path,
