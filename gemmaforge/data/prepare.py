@@ -141,11 +141,15 @@ class Preparer:
         records: Iterator[tuple[str, Any]] = (item for path in data_files(spec.path)
                                               for item in iter_records(path, self.progress))
         if spec.num_samples is not None:
-            # num_samples (LLaMA-Factory): a seeded random subset, so this one source is held in memory.
+            # num_samples (LLaMA-Factory): a seeded random subset, or every record and then random repeats when it
+            # asks for more than there are (repeats that data.clean.dedup then drops), so the source is held in memory.
             everything = list(records)
+            rng = random.Random(seed)
             if spec.num_samples < len(everything):
-                chosen = sorted(random.Random(seed).sample(range(len(everything)), spec.num_samples))
+                chosen = sorted(rng.sample(range(len(everything)), spec.num_samples))
                 everything = [everything[i] for i in chosen]
+            elif everything:
+                everything += rng.choices(everything, k=spec.num_samples - len(everything))
             records = iter(everything)
         return itertools.islice(records, self.config.max_samples)
 

@@ -83,6 +83,17 @@ def test_num_samples_is_a_seeded_subset(lf_dir: Path, tmp_path: Path, gemma3_tok
     assert again == train
 
 
+def test_num_samples_above_the_records_repeats_some(lf_dir: Path, tmp_path: Path, gemma3_tokenizer) -> None:
+    """As LLaMA-Factory oversamples: every record, then seeded random repeats (kept when dedup is off)."""
+    info = json.loads((lf_dir / "dataset_info.json").read_text())
+    info["sampled"]["num_samples"] = 9  # of 6
+    (lf_dir / "dataset_info.json").write_text(json.dumps(info))
+    config = DataConfig(path=str(lf_dir), dataset="sampled", val_size=0, clean={"dedup": "none"})
+    stats = prepare_data(config, 3, tmp_path / "out", gemma3_tokenizer, FAMILIES["gemma3"], 512)
+    questions = [c[-2]["content"] for c in read_prepared(tmp_path / "out" / "train.jsonl")]
+    assert stats["records"] == len(questions) == 9 and set(questions) == {f"运费多少 {i}" for i in range(6)}
+
+
 def test_max_samples_takes_the_first_records_of_each_dataset(lf_dir: Path, tmp_path: Path, gemma3_tokenizer) -> None:
     """data.max_samples (LLaMA-Factory's max_samples): the first N of each source, after its num_samples subset."""
     config = DataConfig(path=str(lf_dir), dataset="shop_alpaca,shop_sharegpt,sampled", val_size=0, max_samples=2)
