@@ -754,7 +754,7 @@ def merge_request(raw: dict[str, Any], source: str) -> MergeRequest:
             lines.append(f"#   {key}: ignored ({EXPORT_IGNORED.get(key) or IGNORED[key]})")
         elif key in EXPORT_REFUSED:
             default, instead = EXPORT_REFUSED[key]
-            if value != default and value is not None:
+            if not _at_default(value, default, raw):
                 raise UserError(f"{source}: {key}: {value!r} has no gemmaforge equivalent ({instead}); remove the key")
             lines.append(f"#   {key}: ignored at LLaMA-Factory's default ({instead})")
         else:

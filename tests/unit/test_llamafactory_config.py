@@ -180,7 +180,11 @@ def test_the_sft_example_trains_and_its_merge_example_merges(llamafactory_data: 
     assert (tmp_path / "merged-from-folder" / "model.safetensors").read_bytes() == \
         (tmp_path / "merged" / "model.safetensors").read_bytes()
 
-    raw.update(template="gemma4n")
+    raw.update(model_name_or_path="google/gemma-3-4b-it", adapter_name_or_path=str(run))  # not the run's base
+    merge_yaml.write_text(yaml.safe_dump(raw))
+    assert main(["merge", str(merge_yaml)]) == 2
+    assert "model_name_or_path: google/gemma-3-4b-it, but" in capsys.readouterr().err
+    raw.update(model_name_or_path=str(tiny_gemma3_dir), template="gemma4n")
     merge_yaml.write_text(yaml.safe_dump(raw))
     assert main(["merge", str(merge_yaml)]) == 2
     assert "template: gemma4n does not fit" in capsys.readouterr().err
@@ -253,6 +257,24 @@ def test_notes_for_deepspeed_and_report_to(llamafactory_data: Path, tiny_gemma3_
     config, text = converted(path, capsys)
     assert "examples/distributed/deepspeed_zero3.yaml -m gemmaforge train CONFIG` (ZeRO-3)" in text
     assert config["train"]["report_to"] == "tensorboard" and "report_to: wandb not supported" in text
+
+
+def test_convert_writes_a_config_that_runs_as_gemmaforge_own(llamafactory_data: Path, tiny_gemma3_dir: Path,
+                                                             tmp_path: Path, capsys) -> None:
+    """`config convert -o FILE` writes the translation as a gemmaforge config; read back, it is the same config."""
+    from gemmaforge.config import load_config
+
+    path = example(llamafactory_data, "train_lora/qwen3_lora_sft.yaml", tmp_path, tiny_gemma3_dir,
+                   early_stopping_steps=3, load_best_model_at_end=True, eval_strategy="steps", eval_steps=250,
+                   val_size=0.1, resume_from_checkpoint=str(tmp_path / "saves" / "checkpoints" / "checkpoint-5"),
+                   deepspeed="examples/deepspeed/ds_z0_config.json")
+    out = tmp_path / "gemmaforge.yaml"
+    assert main(["config", "convert", str(path), "-o", str(out)]) == 0
+    text = out.read_text()
+    assert "the run's last complete checkpoint, whichever step" in text
+    assert "examples/distributed/ddp.yaml -m gemmaforge train CONFIG` (ZeRO-0)" in text
+    assert load_config(out) == load_config(path)
+    assert load_config(out).train.early_stopping_patience == 3
 
 
 def test_lora_alpha_follows_the_rank_qlora_checkpointing_and_decoding(llamafactory_data: Path, tiny_gemma3_dir: Path,
