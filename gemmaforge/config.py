@@ -168,6 +168,10 @@ class TrainConfig(Section):
     packing: bool = Field(
         True, description="pack examples into rows of cutoff_len tokens; attention never crosses examples"
     )
+    attention: Literal["auto", "segments", "flash", "flex"] = Field(
+        "auto", description="attention kernel of packed rows: auto measures the available ones on a GPU (the CPU "
+        "takes segments); segments: each example through SDPA; flash: FlashAttention 2 varlen; flex: flex_attention"
+    )
     logits_chunk_size: int = Field(
         128, ge=16, description="supervised positions per output-layer chunk: full-vocabulary logits never "
         "exist for more than this many tokens at once"
@@ -199,6 +203,8 @@ class TrainConfig(Section):
 
     @model_validator(mode="after")
     def _consistent(self) -> TrainConfig:
+        if self.attention != "auto" and not self.packing:
+            raise ValueError(f"attention={self.attention} is the kernel of packed rows: it needs packing: true")
         if self.early_stopping_patience and not self.load_best_model_at_end:
             raise ValueError("early_stopping_patience needs load_best_model_at_end: true "
                              "(the best checkpoint is restored)")

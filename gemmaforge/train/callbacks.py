@@ -1,4 +1,6 @@
-"""Trainer callbacks: metrics.jsonl (one object per log step) and the loss.png curve."""
+"""Trainer callbacks: metrics.jsonl (one object per log step) and the progress line; the loss.png curve, drawn once
+training is over (matplotlib's first drawing on a machine builds its font cache: tens of seconds that must never
+stall a training step)."""
 
 from __future__ import annotations
 
@@ -19,9 +21,8 @@ _KEPT = (
 
 
 class MetricsCallback(TrainerCallback):
-    def __init__(self, metrics_path: Path, plot_path: Path):
+    def __init__(self, metrics_path: Path):
         self.metrics_path = metrics_path
-        self.plot_path = plot_path
 
     def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, float] | None = None, **kwargs: Any) -> None:
         if not is_main_process() or not logs:  # the writer of this run directory (one per node when not shared)
@@ -31,12 +32,6 @@ class MetricsCallback(TrainerCallback):
         row = {"step": state.global_step, **{k: logs[k] for k in _KEPT if k in logs}}
         with self.metrics_path.open("a", encoding="utf-8") as f:
             f.write(json.dumps(row) + "\n")
-        if "eval_loss" in row:
-            plot_losses(self.metrics_path, self.plot_path)
-
-    def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        if is_main_process():
-            plot_losses(self.metrics_path, self.plot_path)
 
 
 def read_metrics(path: Path) -> list[dict[str, Any]]:

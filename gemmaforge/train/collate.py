@@ -3,6 +3,7 @@ them (vision.py), and their pixels are made per batch."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -92,6 +93,29 @@ class ImageBatches:
         return out
 
 
+@dataclass(frozen=True)
+class BatchCounts:
+    """What the trainer logs about a batch, counted by the collator on the host: read back from the device once
+    the batch is there, each count would stop the host until the GPU caught up, at every step."""
+
+    examples: int
+    supervised: int  # target tokens
+    positions: int
+    padding: int
+
+
+def with_counts(batch: dict[str, Any], examples: int, pad_token_id: int) -> dict[str, Any]:
+    """Add the batch's counts and `supervised_positions`: the flat (B x T) index of each position whose next token
+    is supervised, so the loss gathers those hidden states without a boolean mask (whose size the device would
+    have to report)."""
+    labels = batch["labels"]
+    keep = labels[:, 1:] != IGNORE_INDEX  # (B, T-1): position t predicts token t+1
+    rows, steps = keep.nonzero(as_tuple=True)
+    batch["supervised_positions"] = rows * labels.shape[1] + steps
+    batch["counts"] = BatchCounts(examples, len(rows), labels.numel(), int((batch["input_ids"] == pad_token_id).sum()))
+    return batch
+
+
 class RightPadCollator:
     """Pad on the right with the tokenizer's own pad id (Gemma's <pad>, never eos: a collator that
     masks every pad-equal label would then hide the end token); padded labels are ignored."""
@@ -109,4 +133,5 @@ class RightPadCollator:
             input_ids[row, :n] = torch.tensor(ex["input_ids"])
             labels[row, :n] = torch.tensor(ex["labels"])
             attention_mask[row, :n] = 1
-        return {"input_ids": input_ids, "labels": labels, "attention_mask": attention_mask}
+        return with_counts({"input_ids": input_ids, "labels": labels, "attention_mask": attention_mask}, len(batch),
+                           self.pad_token_id)

@@ -30,26 +30,38 @@ def supervised_loss(
 ) -> torch.Tensor:
     """Mean next-token cross-entropy over supervised positions (sum / num_items when the trainer
     counts items across gradient accumulation, exactly like transformers' own causal-LM loss).
-    Packed batches come with position_ids and no attention mask (see train/packing.py)."""
+    Packed batches come with position_ids, their segments and no attention mask (see train/packing.py)."""
     causal_lm = model.get_base_model() if hasattr(model, "get_base_model") else model
-    if "position_ids" in inputs:
-        body = causal_lm.model(input_ids=inputs["input_ids"], position_ids=inputs["position_ids"], use_cache=False)
+    if "position_ids" in inputs:  # packed: the attention reads where each example ends from the segments
+        body = causal_lm.model(input_ids=inputs["input_ids"], position_ids=inputs["position_ids"], use_cache=False,
+                               **({"segments": inputs["segments"]} if inputs.get("segments") is not None else {}))
     else:
         body = causal_lm.model(input_ids=inputs["input_ids"], attention_mask=inputs["attention_mask"], use_cache=False,
                                **_image_inputs(causal_lm, inputs))
-    targets = inputs["labels"][:, 1:]  # (B, T-1): position t predicts token t+1
-    keep = targets != IGNORE_INDEX
-    hidden = body.last_hidden_state[:, :-1][keep]  # (N, H), N supervised positions
+    hidden, targets = supervised_states(body.last_hidden_state, inputs["labels"], inputs.get("supervised_positions"))
     output_layer = causal_lm.get_output_embeddings()
     # multimodal configs keep the text model's settings in text_config
     softcap = getattr(causal_lm.config.get_text_config(), "final_logit_softcapping", None)
-    loss = linear_cross_entropy(hidden, targets[keep], output_layer, softcap, chunk_size)
+    loss = linear_cross_entropy(hidden, targets, output_layer, softcap, chunk_size)
     if loss is None:  # an output layer that is itself trained (modules_to_save) goes through autograd
-        loss = chunked_cross_entropy(hidden, targets[keep], output_layer, softcap, chunk_size)
-    denominator = num_items if num_items is not None else keep.sum()
+        loss = chunked_cross_entropy(hidden, targets, output_layer, softcap, chunk_size)
+    denominator = num_items if num_items is not None else targets.shape[0]
     if isinstance(denominator, torch.Tensor):
         denominator = denominator.to(loss.device)
     return loss / denominator
+
+
+def supervised_states(last_hidden: torch.Tensor, labels: torch.Tensor,
+                      positions: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(N, H) hidden states of the N positions whose next token is supervised, and those N tokens. `positions`
+    (the collator's flat indices, train/collate.py) gathers them without asking the device how many there are,
+    which a boolean mask would."""
+    if positions is None:
+        keep = labels[:, 1:] != IGNORE_INDEX  # (B, T-1): position t predicts token t+1
+        return last_hidden[:, :-1][keep], labels[:, 1:][keep]
+    positions = positions.to(last_hidden.device)
+    return (last_hidden.reshape(-1, last_hidden.shape[-1]).index_select(0, positions),
+            labels.reshape(-1).index_select(0, positions + 1))
 
 
 # What a batch with images brings (train/collate.py ImageBatches): the image processor's outputs and the token types
@@ -94,8 +106,8 @@ def install_supervised_forward(model: Any, chunk_size: int) -> None:
     def forward(self: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
                 position_ids: torch.Tensor | None = None, labels: torch.Tensor | None = None,
                 num_items_in_batch: Any = None, **extra: Any) -> CausalLMOutputWithPast:
-        inputs = {"input_ids": input_ids, "labels": labels}
-        inputs.update({"position_ids": position_ids} if position_ids is not None
+        inputs = {"input_ids": input_ids, "labels": labels, "supervised_positions": extra.get("supervised_positions")}
+        inputs.update({"position_ids": position_ids, "segments": extra.get("segments")} if position_ids is not None
                       else {"attention_mask": attention_mask, **{k: extra.get(k) for k in IMAGE_INPUTS}})
         return CausalLMOutputWithPast(loss=supervised_loss(self, inputs, num_items_in_batch, chunk_size))
 
@@ -113,8 +125,8 @@ class NonFiniteLoss(RuntimeError):
 class SupervisedLossTrainer(Trainer):
     """A Trainer for a model prepared with `install_supervised_forward`: its loss is `supervised_loss`, already
     normalised by the item count of the whole accumulated batch (so the Trainer must not divide it by the
-    accumulation steps again). It stops at the first non-finite loss, and adds supervised tokens/s and peak
-    memory to every log."""
+    accumulation steps again). It stops at the first non-finite loss (read at each log and checkpoint), and adds
+    supervised tokens/s and peak memory to every log."""
 
     def __init__(self, *args: Any, **kwargs: Any):
         super().__init__(*args, **kwargs)
@@ -124,6 +136,7 @@ class SupervisedLossTrainer(Trainer):
         self.examples_trained = self.supervised_trained = 0  # by this process's loop
         self.positions = self.padding = 0  # of the batches trained: for the slow-step findings
         self.last_log_time = time.perf_counter()
+        self.unchecked_losses: list[tuple[int, torch.Tensor]] = []  # (step, loss) not yet read back
         self.monitor: DeviceMonitor | None = None  # its readings join every training log
 
     def _build_accelerator_args(self, **kwargs: Any) -> dict[str, Any]:
@@ -140,24 +153,38 @@ class SupervisedLossTrainer(Trainer):
         return super()._run_epoch(*args, **kwargs)
 
     def training_step(self, model: Any, inputs: dict[str, Any], num_items_in_batch: Any = None) -> torch.Tensor:
-        labels = inputs["labels"]
-        supervised = int((labels[:, 1:] != IGNORE_INDEX).sum())
-        self.supervised_tokens += supervised
-        self.supervised_trained += supervised
-        self.examples_trained += int(inputs.pop("examples").sum()) if "examples" in inputs else labels.shape[0]
-        self.positions += labels.numel()
-        self.padding += int((inputs["input_ids"] == self.processing_class.pad_token_id).sum())
+        counts = inputs.pop("counts")  # counted on the host by the collator (train/collate.py)
+        self.supervised_tokens += counts.supervised
+        self.supervised_trained += counts.supervised
+        self.examples_trained += counts.examples
+        self.positions += counts.positions
+        self.padding += counts.padding
         loss = super().training_step(model, inputs, num_items_in_batch)
-        value = float(loss)  # one host sync per step: cheap next to a step, and garbage never trains on
-        if not math.isfinite(value):
-            raise NonFiniteLoss(self.state.global_step + 1, value)
+        # read back at the next log or checkpoint, all at once: a read at every step would stop the host until the
+        # GPU has finished the step, so it could never queue the next one while the GPU works
+        self.unchecked_losses.append((self.state.global_step + 1, loss.detach()))
         return loss
+
+    def check_finite(self) -> None:
+        """NonFiniteLoss for the first NaN/inf loss since the last check: before anything is logged or saved."""
+        if not self.unchecked_losses:
+            return
+        steps, losses = zip(*self.unchecked_losses)
+        self.unchecked_losses = []
+        for step, value in zip(steps, torch.stack(losses).float().tolist()):
+            if not math.isfinite(value):
+                raise NonFiniteLoss(step, value)
+
+    def _save_checkpoint(self, *args: Any, **kwargs: Any) -> Any:
+        self.check_finite()  # a checkpoint of weights trained on a NaN would be resumed from
+        return super()._save_checkpoint(*args, **kwargs)
 
     @property
     def padding_share(self) -> float:
         return self.padding / self.positions if self.positions else 0.0
 
     def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
+        self.check_finite()
         if "loss" in logs:
             now = time.perf_counter()
             logs["supervised_tokens_per_second"] = round(
@@ -173,7 +200,7 @@ class SupervisedLossTrainer(Trainer):
                         ignore_keys: Any = None) -> tuple[torch.Tensor, None, None]:
         """Evaluation needs the loss only; never build full-vocabulary logits for it."""
         inputs = self._prepare_inputs(inputs)
-        inputs.pop("examples", None)
+        inputs.pop("counts", None)
         with torch.no_grad():
             loss = model(**inputs).loss
         return loss.detach(), None, None

@@ -12,13 +12,13 @@ from gemmaforge.data.prepare import read_prepared, read_prepared_images
 from gemmaforge.distributed import gather, is_main_process, world_size, writes_per_node
 from gemmaforge.errors import StageError, UserError
 from gemmaforge.families import Family
-from gemmaforge.models import ResolvedModel, load_tokenizer
+from gemmaforge.models import ResolvedModel, default_home, load_tokenizer
 from gemmaforge.runs import RunDir, atomic_dir
 from gemmaforge.system.memory import peak_memory_bytes
 from gemmaforge.system.monitor import DeviceMonitor
 from gemmaforge.system.sdpa_probe import attention_finding
 from gemmaforge.templates import hf_chat_template
-from gemmaforge.train.callbacks import MetricsCallback, TrainingProgress
+from gemmaforge.train.callbacks import MetricsCallback, TrainingProgress, plot_losses
 from gemmaforge.train.checkpoints import (
     CompleteMarker,
     complete_steps,
@@ -26,8 +26,10 @@ from gemmaforge.train.checkpoints import (
     last_complete_checkpoint,
 )
 from gemmaforge.train.collate import ImageBatches, RightPadCollator, tokenize_conversations
+from gemmaforge.train.kernel_choice import KernelChoice, choose_kernels
 from gemmaforge.train.loss import NonFiniteLoss, SupervisedLossTrainer
 from gemmaforge.train.memory_plan import Plan, Planner, plan_summary, this_device
+from gemmaforge.train.packed_attention import use_kernels
 from gemmaforge.train.packing import PackedCollator, pack_examples
 from gemmaforge.train.preflight import preflight
 from gemmaforge.train.sharding import check_strategy, full_trainable_state, planned_as, show_tied_embedding
@@ -81,7 +83,10 @@ def training_arguments(config: RunConfig, run: RunDir, precision: str, has_val: 
         report_to=[] if t.report_to == "none" else [t.report_to],
         remove_unused_columns=False,
         prediction_loss_only=True,
-        dataloader_pin_memory=False,
+        # on a GPU, batches are copied from pinned memory without waiting (a copy from pageable memory, or a
+        # blocking one, stops the host until the GPU has finished the step before)
+        dataloader_pin_memory=torch.cuda.is_available(),
+        accelerator_config={"non_blocking": torch.cuda.is_available()},
         use_cpu=not torch.cuda.is_available(),
         save_on_each_node=writes_per_node(),  # nodes that do not share the run directory each keep checkpoints
     )
@@ -162,6 +167,9 @@ def train(run: RunDir, config: RunConfig, base: ResolvedModel) -> dict[str, Any]
     plan = check_memory(config, base, precision, sharding,
                         max((len(row.get("images", ())) for row in train_rows), default=0))
     model = build_peft_model(config, base, tokenizer, precision)
+    kernels = None
+    if config.train.packing:
+        kernels = attention_kernels(config, model, collator(train_set[:config.train.per_device_train_batch_size]))
     args = training_arguments(config, run, precision, has_val=bool(val_rows))
     if sharding == "fsdp2":
         show_tied_embedding(model)
@@ -175,7 +183,7 @@ def train(run: RunDir, config: RunConfig, base: ResolvedModel) -> dict[str, Any]
     elif is_main_process():
         run.metrics_path.unlink(missing_ok=True)
     clock = StepClock()
-    callbacks: list[Any] = [MetricsCallback(run.metrics_path, run.loss_plot_path), CompleteMarker(), clock]
+    callbacks: list[Any] = [MetricsCallback(run.metrics_path), CompleteMarker(), clock]
     if config.train.early_stopping_patience and val_rows:
         callbacks.append(EarlyStoppingCallback(early_stopping_patience=config.train.early_stopping_patience))
     trainer = SupervisedLossTrainer(
@@ -193,6 +201,7 @@ def train(run: RunDir, config: RunConfig, base: ResolvedModel) -> dict[str, Any]
     start = time.perf_counter()
     try:
         result = trainer.train(resume_from_checkpoint=str(resume) if resume else None)
+        trainer.check_finite()  # the steps after the last log
     except NonFiniteLoss as exc:
         raise StageError(diagnose_non_finite(exc, config, precision, family)) from None
     except (RuntimeError, MemoryError) as exc:
@@ -209,6 +218,8 @@ def train(run: RunDir, config: RunConfig, base: ResolvedModel) -> dict[str, Any]
     if val_rows and (not evals or evals[-1]["step"] != result.global_step or config.train.load_best_model_at_end):
         evals.append(trainer.evaluate())  # of the restored best model when load_best_model_at_end
     final_eval = evals[-1] if evals else {}
+    if is_main_process():  # after training: never a cost inside a step
+        plot_losses(run.metrics_path, run.loss_plot_path)
     adapter = full_trainable_state(model)  # gathered from the shards of a sharded run
     checksums = gather(adapter_checksum(adapter))
     if len(set(checksums)) != 1:
@@ -243,6 +254,8 @@ def train(run: RunDir, config: RunConfig, base: ResolvedModel) -> dict[str, Any]
         "planned_peak_bytes": plan.peak_bytes if plan else None,
         "data_wait_share": round(clock.data_wait_share, 3),
         "padding_share": round(trainer.padding_share, 3),
+        "attention_kernels": kernels.kernels if kernels else None,
+        "attention_timings_ms": kernels.timings_ms if kernels else None,
         "slow_step_findings": findings,
         "monitor_problems": trainer.monitor.problems,
         "lora_targets": lora_targets(config, base),
@@ -250,6 +263,20 @@ def train(run: RunDir, config: RunConfig, base: ResolvedModel) -> dict[str, Any]
         "strategy": sharding,
         "adapter_checksum": checksums[0],
     }
+
+
+def attention_kernels(config: RunConfig, model: Any, first_batch: dict[str, Any]) -> KernelChoice:
+    """The attention kernel of each layer (train.attention; `auto` measures on a GPU), said and applied."""
+    import torch
+
+    device = (torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0"))) if torch.cuda.is_available()
+              else torch.device("cpu"))
+    choice = choose_kernels(config.train.attention, model, device, model.dtype, first_batch["segments"],
+                            default_home())
+    use_kernels(model, choice.kernels)
+    for note in choice.notes:
+        console.print(f"[bold]train[/]: attention: {escape(note)}")
+    return choice
 
 
 def common_checkpoint(run: RunDir) -> Any:

@@ -42,9 +42,9 @@ def wrap_for_training(model: Any, config: RunConfig, family: Family, targets: li
     """The PEFT model exactly as training runs it (the memory planner traces the same wrapping)."""
     from peft import LoraConfig, get_peft_model, prepare_model_for_kbit_training
 
-    if config.train.packing and family.attn_implementation == "sdpa":
+    if config.train.packing:  # each example attends alone, through the per-example kernel until one is chosen
         multimodal = model.config.get_text_config() is not model.config
-        model.set_attn_implementation(text_attention(multimodal, packed_attention.register()))  # each example alone
+        model.set_attn_implementation(text_attention(multimodal, packed_attention.register()))
     targets = resolve_lora_targets(model, targets)  # the language model only, never a tower or router
     targets, projector = with_vision(model, targets, tower=not config.lora.freeze_vision_tower,
                                      projector=not config.lora.freeze_multi_modal_projector)

@@ -34,13 +34,12 @@ def test_packed_rows_compute_what_separate_examples_compute(tiny_model) -> None:
     padded = RightPadCollator(0)(examples)
     packed = PackedCollator(0)(pack_examples(examples, cutoff_len=32))
     assert packed["input_ids"].shape[0] < len(examples)
-    packed.pop("examples")
     with torch.no_grad():
         expected = supervised_loss(tiny_model, padded, None)
         got = supervised_loss(tiny_model, packed, None)
     assert torch.allclose(got, expected, atol=1e-5), (got, expected)
     # without the per-example positions, attention would cross examples and the loss would change
-    crossed = {**packed,
+    crossed = {**packed, "segments": None,
                "position_ids": torch.arange(packed["input_ids"].shape[1]).repeat(packed["input_ids"].shape[0], 1)}
     with torch.no_grad():
         assert not torch.allclose(supervised_loss(tiny_model, crossed, None), expected, atol=1e-3)
@@ -61,20 +60,21 @@ def test_chunked_cross_entropy_equals_plain_in_value_and_gradient() -> None:
 
 @pytest.mark.parametrize("sliding_window", [64, 8])  # 8: the window cuts into the longer examples
 def test_per_example_attention_equals_the_masked_row(tiny_gemma3_dir, sliding_window: int) -> None:
-    """gemmaforge_packed (each example through SDPA alone) gives the block-diagonal SDPA's loss and gradients."""
+    """gemmaforge_packed (each example through SDPA alone, split by the collator's segments) gives the loss and
+    gradients of transformers' SDPA with the block-diagonal mask it builds from the restarting positions."""
     from transformers import AutoModelForCausalLM
 
     from gemmaforge.train import packed_attention
 
     examples = [example(n, 4, i) for i, n in enumerate([21, 9, 14, 6, 30])]
     packed = PackedCollator(0)(pack_examples(examples, cutoff_len=32))
-    packed.pop("examples")
     results = []
     for implementation in ("sdpa", packed_attention.register()):
         model = AutoModelForCausalLM.from_pretrained(tiny_gemma3_dir, dtype=torch.float32,
                                                      sliding_window=sliding_window,
                                                      attn_implementation=implementation)
-        loss = supervised_loss(model, packed, None)
+        batch = packed if implementation != "sdpa" else {**packed, "segments": None}
+        loss = supervised_loss(model, batch, None)
         loss.backward()
         results.append((loss.detach(), model.model.layers[0].self_attn.q_proj.weight.grad.clone()))
     (loss_ref, grad_ref), (loss_ours, grad_ours) = results

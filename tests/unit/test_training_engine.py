@@ -93,6 +93,26 @@ def test_non_finite_loss_stops_with_a_diagnosis(tmp_path: Path, tiny_gemma3_dir,
     assert not (tmp_path / "run" / "adapter").exists()
 
 
+def test_losses_are_read_back_at_logs_and_checkpoints_naming_the_first_bad_step() -> None:
+    """The guard reads the losses since the last check in one go (not one read per step) and names the first
+    non-finite one; a checkpoint is never written before that read."""
+    from types import SimpleNamespace
+
+    from gemmaforge.train.loss import NonFiniteLoss, SupervisedLossTrainer
+
+    trainer = SimpleNamespace(unchecked_losses=[(4, torch.tensor(2.5)), (5, torch.tensor(float("nan"))),
+                                                (6, torch.tensor(float("inf")))])
+    trainer.check_finite = lambda: SupervisedLossTrainer.check_finite(trainer)
+    with pytest.raises(NonFiniteLoss, match="loss nan at step 5"):
+        SupervisedLossTrainer.check_finite(trainer)
+    assert trainer.unchecked_losses == []
+    trainer.unchecked_losses = [(7, torch.tensor(1.0))]
+    SupervisedLossTrainer.check_finite(trainer)  # finite: nothing raised
+    trainer.unchecked_losses = [(8, torch.tensor(float("-inf")))]
+    with pytest.raises(NonFiniteLoss, match="step 8"):
+        SupervisedLossTrainer._save_checkpoint(trainer)  # raised before the Trainer's save could run
+
+
 def test_early_stopping_restores_the_best_checkpoint(tmp_path: Path, tiny_gemma3_dir,
                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     config = write_config(tmp_path, tiny_gemma3_dir, max_steps=12, learning_rate=0.5, save_steps=1, eval_steps=1,
@@ -207,23 +227,25 @@ def test_tiny_gemma4_learns_with_gradient_checkpointing() -> None:
     assert with_checkpointing == pytest.approx(without, rel=1e-4)
 
 
-def test_gemma2_trains_with_eager_attention(text_checkpoint_of, tiny_gemma3_dir: Path, tmp_path: Path) -> None:
-    """README: Gemma 2 trains with eager attention (SDPA ignores its attention soft-capping): the model training
-    wraps (build_peft_model, as `train` calls it) runs eager even with packing, which switches Gemma 3's SDPA to
-    the packed per-example attention."""
+def test_packed_rows_take_the_packed_attention_in_every_family(text_checkpoint_of, tiny_gemma3_dir: Path,
+                                                               tmp_path: Path) -> None:
+    """README: Gemma 2 trains padded batches with eager attention (SDPA ignores its attention soft-capping); packed
+    rows of every family go through the packed attention (build_peft_model, as `train` calls it), whose kernels
+    soft-cap."""
     from gemmaforge.families import FAMILIES
     from gemmaforge.models import load_tokenizer, resolve_model
     from gemmaforge.train.wrapping import build_peft_model
 
     assert FAMILIES["gemma2"].attn_implementation == "eager"
-    config = run_config(train={"packing": True})
     implementations = {}
-    for family, folder in (("gemma2", text_checkpoint_of("gemma2")), ("gemma3", tiny_gemma3_dir)):
-        base = resolve_model(str(folder), tmp_path)
-        assert base.family.name == family
-        model = build_peft_model(config, base, load_tokenizer(base.path), "fp32")
-        implementations[family] = model.get_base_model().config._attn_implementation
-    assert implementations == {"gemma2": "eager", "gemma3": "gemmaforge_packed"}
+    for packing in (True, False):
+        for family, folder in (("gemma2", text_checkpoint_of("gemma2")), ("gemma3", tiny_gemma3_dir)):
+            base = resolve_model(str(folder), tmp_path)
+            assert base.family.name == family
+            model = build_peft_model(run_config(train={"packing": packing}), base, load_tokenizer(base.path), "fp32")
+            implementations[family, packing] = model.get_base_model().config._attn_implementation
+    assert implementations == {("gemma2", True): "gemmaforge_packed", ("gemma3", True): "gemmaforge_packed",
+                               ("gemma2", False): "eager", ("gemma3", False): "sdpa"}
 
 
 def test_every_training_arguments_name_of_the_train_section_reaches_training_arguments(tmp_path: Path,
