@@ -345,7 +345,7 @@ IGNORED: dict[str, str] = {
     "logging_dir": "logs go to the run directory",
     "run_name": "the run is named by output_dir",
     "do_eval": "eval_strategy decides evaluation during training; `gemmaforge run` evaluates after it",
-    "flash_attn": "each Gemma family gets the attention kernel it needs (eager for Gemma 2's soft-capping)",
+    "flash_attn": "train.attention chooses the packed rows' kernel (auto: measured on a GPU)",
     "use_unsloth": "gemmaforge's own kernels: packed rows, chunked loss",
     "use_unsloth_gc": "gemmaforge's own kernels: packed rows, chunked loss",
     "enable_liger_kernel": "gemmaforge's own kernels: packed rows, chunked loss",

@@ -22,6 +22,8 @@ import torch
 from peft.tuners.trainable_tokens.layer import TrainableTokensLayer
 from peft.utils.other import TrainableTokensWrapper
 
+from gemmaforge.train.template_tokens import token_index
+
 
 class LinearCrossEntropy(torch.autograd.Function):
     """Summed cross-entropy of (hidden @ weight^T, rows `index` replaced by hidden @ delta^T) against
@@ -103,7 +105,7 @@ def fusable_output_layer(layer: Any) -> tuple[torch.Tensor, torch.Tensor | None,
             return None
         if adapters:
             delta = layer.trainable_tokens_delta[adapters[0]]
-            index = torch.tensor(layer.token_indices[adapters[0]], device=delta.device)
+            index = token_index(layer, adapters[0], delta.device)
         layer = layer.base_layer
     if type(layer) is not torch.nn.Linear or layer.bias is not None or layer.weight.requires_grad:
         return None

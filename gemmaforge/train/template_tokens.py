@@ -18,13 +18,23 @@ import torch
 from peft.tuners.trainable_tokens.layer import TrainableTokensLayer
 
 
+def token_index(layer: TrainableTokensLayer, adapter: str, device: torch.device) -> torch.Tensor:
+    """The adapter's trained token ids as a tensor on `device`, made once: a tensor built from a Python list at
+    every forward is a copy from pageable memory, which waits for the GPU to finish what it was doing."""
+    cache = layer.__dict__.setdefault("_gemmaforge_token_index", {})
+    key = (adapter, str(device))
+    if key not in cache:
+        cache[key] = torch.tensor(layer.token_indices[adapter], device=device)
+    return cache[key]
+
+
 def _sparse_forward(self: TrainableTokensLayer, x: torch.Tensor, active_adapters: Any, *args: Any, **kwargs: Any):
     if self.disable_adapters or not active_adapters or self.merged:
         return TrainableTokensLayer.forward_adapters(self, x, active_adapters, *args, **kwargs)
     result = self.base_layer(x, *args, **kwargs)
     weight = self.base_layer.weight
     for name in active_adapters:
-        index = torch.tensor(self.token_indices[name], device=weight.device)
+        index = token_index(self, name, weight.device)
         delta = self.trainable_tokens_delta[name].to(weight)  # (K, H) the trained rows
         if isinstance(self.base_layer, torch.nn.Embedding):
             scale = self._get_embed_scale()

@@ -164,8 +164,8 @@ def test_train_and_lora_keys_are_training_arguments_and_lora_config_names_but_th
     section = readme.split("## Configuration")[1].split("\n## ")[0]
     train_extras = set(TrainConfig.model_fields) - {f.name for f in dataclasses.fields(TrainingArguments)}
     lora_extras = set(LoraSection.model_fields) - {f.name for f in dataclasses.fields(LoraConfig)}
-    assert train_extras == {"cutoff_len", "packing", "logits_chunk_size", "early_stopping_patience", "precision",
-                            "check_memory", "warmup_ratio"}
+    assert train_extras == {"cutoff_len", "packing", "attention", "logits_chunk_size", "early_stopping_patience",
+                            "precision", "check_memory", "warmup_ratio"}
     assert lora_extras == {"train_template_tokens", "freeze_vision_tower", "freeze_multi_modal_projector"}
     documented = [f"`{key}`" in section or f"`train.{key}`" in section for key in train_extras]
     assert all(documented) and "`lora.train_template_tokens`" in section
