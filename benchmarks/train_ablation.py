@@ -45,16 +45,16 @@ def child(variant: str, work: Path, n_examples: int) -> dict[str, Any]:
     from gemmaforge.data.prepare import read_prepared
     from gemmaforge.models import default_home, load_tokenizer, resolve_model
     from gemmaforge.templates import IGNORE_INDEX, hf_chat_template
-    from gemmaforge.train import loss, trainer
+    from gemmaforge.train import loss, wrapping
     from gemmaforge.train.collate import RightPadCollator, tokenize_conversations
     from gemmaforge.train.packing import PackedCollator, pack_examples
 
     step = VARIANTS.index(variant)
     packing, fused, per_example = step >= 1, step >= 2, step >= 3
     if step < 4:
-        trainer.use_byte_mask_dropout = lambda model: 0  # PEFT's nn.Dropout stays
+        wrapping.use_byte_mask_dropout = lambda model: 0  # PEFT's nn.Dropout stays
     if step < 5:
-        trainer.use_recomputed_gelu = lambda model: 0
+        wrapping.use_recomputed_gelu = lambda model: 0
     train = {"cutoff_len": CUTOFF, "packing": packing, "logits_chunk_size": 128 if fused else 1024,
              "gradient_checkpointing": variant == "checkpointing"}
     config = validate_config({"output_dir": str(work / "unused"), "model": {"name_or_path": MODEL},
@@ -72,7 +72,7 @@ def child(variant: str, work: Path, n_examples: int) -> dict[str, Any]:
         batches, collate = pack_examples(rows, CUTOFF), PackedCollator(tokenizer.pad_token_id)
     else:
         batches, collate = rows, RightPadCollator(tokenizer.pad_token_id)
-    model = trainer.build_peft_model(config, base, tokenizer, "fp32")
+    model = wrapping.build_peft_model(config, base, tokenizer, "fp32")
     if packing and not per_example:
         model.get_base_model().set_attn_implementation("sdpa")  # the block-diagonal mask
     if config.train.gradient_checkpointing:
@@ -83,7 +83,9 @@ def child(variant: str, work: Path, n_examples: int) -> dict[str, Any]:
     seconds = 0.0
     for i in range(0, len(batches), MICRO_BATCH):
         batch = collate(batches[i:i + MICRO_BATCH])
-        examples = int(batch.pop("examples").sum()) if "examples" in batch else batch["input_ids"].shape[0]
+        examples = batch.pop("counts").examples
+        if packing and not per_example:  # transformers' mask from the positions, not the collator's segments
+            batch["segments"] = None
         start = time.perf_counter()
         model(**batch).loss.backward()
         if i:  # the first micro-batch warms up

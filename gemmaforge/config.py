@@ -190,8 +190,9 @@ class TrainConfig(Section):
         None, ge=1, description="stop after this many evaluations without improvement (needs load_best_model_at_end)"
     )
     precision: Literal["auto", "bf16", "fp16", "fp32"] = "auto"
-    gradient_checkpointing: bool = Field(
-        False, description="recompute activations in backward: less memory, ~30% slower"
+    gradient_checkpointing: bool | None = Field(
+        None, description="recompute activations in backward: less memory, ~30% slower; null (auto): on only when "
+        "the memory plan says the run fits with it and not without"
     )
     check_memory: bool = Field(
         True, description="refuse, before the model loads, a config the memory planner says cannot fit the device "

@@ -178,23 +178,24 @@ class Planner:
         return max(sum(self.parts(batch, cutoff, checkpointing, ranks, strategy).values()),
                    self.load_peak()) <= self.device.capacity_bytes
 
-    def plan(self) -> Plan:
+    def plan(self, checkpointing: bool | None = None) -> Plan:
+        """The config's plan; `checkpointing` overrides train.gradient_checkpointing."""
         t = self.config.train
-        checkpointing = t.gradient_checkpointing
+        checkpointing = bool(t.gradient_checkpointing) if checkpointing is None else checkpointing  # auto: off
         plan = Plan(self.device, t.per_device_train_batch_size, t.cutoff_len, checkpointing,
                     self.parts(t.per_device_train_batch_size, t.cutoff_len, checkpointing), self.load_peak(),
                     largest_batch=self.largest_batch(t.cutoff_len, checkpointing),
                     largest_cutoff=self.largest_cutoff(t.per_device_train_batch_size, checkpointing),
-                    ranks=self.ranks, strategy=self.strategy, smallest_setup=self.smallest_setup())
+                    ranks=self.ranks, strategy=self.strategy, smallest_setup=self.smallest_setup(checkpointing))
         return replace(plan, advice=self.advice(plan))
 
-    def smallest_setup(self) -> str:
+    def smallest_setup(self, checkpointing: bool) -> str:
         """For each strategy, the fewest ranks (1, 2, 4 or 8 of this device) that fit this config."""
         t = self.config.train
         found = []
         for strategy in STRATEGIES:
             for ranks in (1, 2, 4, 8):
-                if self.fits(t.per_device_train_batch_size, t.cutoff_len, t.gradient_checkpointing, ranks, strategy):
+                if self.fits(t.per_device_train_batch_size, t.cutoff_len, checkpointing, ranks, strategy):
                     found.append(f"{strategy} x {ranks}")
                     break
             else:
@@ -218,7 +219,7 @@ class Planner:
                     f"too large for {gib(self.device.capacity_bytes)}; "
                     "use a smaller Gemma or a machine with more memory")]
         hints = []
-        if not t.gradient_checkpointing and self.fits(t.per_device_train_batch_size, t.cutoff_len, True):
+        if not plan.gradient_checkpointing and self.fits(t.per_device_train_batch_size, t.cutoff_len, True):
             peak = sum(self.parts(t.per_device_train_batch_size, t.cutoff_len, True).values())
             hints.append(f"train.gradient_checkpointing=true: peak {gib(peak)} (about 30% slower steps)")
         if plan.largest_batch:
@@ -229,7 +230,7 @@ class Planner:
                          "batch or more)")
         if plan.largest_cutoff:
             hints.append(f"train.cutoff_len={plan.largest_cutoff} (longer examples are dropped or truncated)")
-        if not t.gradient_checkpointing:
+        if not plan.gradient_checkpointing:
             b = self.largest_batch(t.cutoff_len, True)
             if b and b != plan.largest_batch:
                 hints.append(f"train.gradient_checkpointing=true with train.per_device_train_batch_size={b}")
@@ -321,6 +322,17 @@ def this_device(gpu_memory: int | None = None) -> Device:
     return Device("cpu", "this CPU", available_ram() + rss, rss)
 
 
+def resolved_plan(planner: Planner) -> Plan:
+    """The plan training follows: gradient checkpointing left to auto (null) is on only when the run fits with it
+    and not without."""
+    plan = planner.plan()
+    if not plan.fits and planner.config.train.gradient_checkpointing is None:
+        checkpointed = planner.plan(checkpointing=True)
+        if checkpointed.fits:
+            return checkpointed
+    return plan
+
+
 def plan_config(config: RunConfig, base: ResolvedModel, gpu_memory: int | None = None, ranks: int = 1,
                 strategy: str = "ddp", pictures_per_example: int = 0) -> Plan:
     """`gemmaforge plan`'s plan: this device's, or a GPU of gpu_memory bytes (where precision auto means bf16,
@@ -329,7 +341,8 @@ def plan_config(config: RunConfig, base: ResolvedModel, gpu_memory: int | None =
     requested = config.train.precision
     precision = "bf16" if gpu_memory is not None and requested == "auto" else resolve_precision(requested, base.family)
     load_tokenizer(base.path)  # resident as it will be in training, for the CPU's runtime part
-    return Planner(config, base, precision, this_device(gpu_memory), ranks, strategy, pictures_per_example).plan()
+    return resolved_plan(Planner(config, base, precision, this_device(gpu_memory), ranks, strategy,
+                                 pictures_per_example))
 
 
 def plan_summary(plan: Plan) -> str:

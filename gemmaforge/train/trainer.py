@@ -28,7 +28,7 @@ from gemmaforge.train.checkpoints import (
 from gemmaforge.train.collate import ImageBatches, RightPadCollator, tokenize_conversations
 from gemmaforge.train.kernel_choice import KernelChoice, choose_kernels
 from gemmaforge.train.loss import NonFiniteLoss, SupervisedLossTrainer
-from gemmaforge.train.memory_plan import Plan, Planner, plan_summary, this_device
+from gemmaforge.train.memory_plan import Plan, Planner, plan_summary, resolved_plan, this_device
 from gemmaforge.train.packed_attention import use_kernels
 from gemmaforge.train.packing import PackedCollator, pack_examples
 from gemmaforge.train.preflight import preflight
@@ -41,6 +41,7 @@ from gemmaforge.train.troubleshoot import (
     slow_step_findings,
 )
 from gemmaforge.train.wrapping import build_peft_model, lora_targets
+from gemmaforge.units import gib
 from gemmaforge.vision import ImagePrompt
 
 
@@ -74,7 +75,7 @@ def training_arguments(config: RunConfig, run: RunDir, precision: str, has_val: 
         load_best_model_at_end=t.load_best_model_at_end and evaluate != "no",
         metric_for_best_model=t.metric_for_best_model,
         greater_is_better=False,  # both accepted metrics are the loss
-        **checkpointing_arguments(t.gradient_checkpointing),
+        **checkpointing_arguments(bool(t.gradient_checkpointing)),
         dataloader_num_workers=t.dataloader_num_workers,
         bf16=precision == "bf16",
         fp16=precision == "fp16",
@@ -164,8 +165,8 @@ def train(run: RunDir, config: RunConfig, base: ResolvedModel) -> dict[str, Any]
         if with_images:
             collator = ImageBatches(collator, vision)
 
-    plan = check_memory(config, base, precision, sharding,
-                        max((len(row.get("images", ())) for row in train_rows), default=0))
+    plan, config = check_memory(config, base, precision, sharding,
+                                max((len(row.get("images", ())) for row in train_rows), default=0))
     model = build_peft_model(config, base, tokenizer, precision)
     kernels = None
     if config.train.packing:
@@ -254,6 +255,7 @@ def train(run: RunDir, config: RunConfig, base: ResolvedModel) -> dict[str, Any]
         "planned_peak_bytes": plan.peak_bytes if plan else None,
         "data_wait_share": round(clock.data_wait_share, 3),
         "padding_share": round(trainer.padding_share, 3),
+        "gradient_checkpointing": config.train.gradient_checkpointing,
         "attention_kernels": kernels.kernels if kernels else None,
         "attention_timings_ms": kernels.timings_ms if kernels else None,
         "slow_step_findings": findings,
@@ -301,23 +303,35 @@ def slow_steps(clock: StepClock, padding_share: float, config: RunConfig, base: 
 
 
 def check_memory(config: RunConfig, base: ResolvedModel, precision: str, sharding: str,
-                 pictures_per_example: int = 0) -> Plan | None:
-    """The memory plan for one rank on this device; a config that cannot fit is refused before the model loads.
-    With train.check_memory=false a planner that fails only costs the plan (None)."""
+                 pictures_per_example: int = 0) -> tuple[Plan | None, RunConfig]:
+    """The memory plan for one rank on this device, and the config to train: a config that cannot fit is refused
+    before the model loads, unless gradient checkpointing, left to auto (null), makes it fit (then it is turned on,
+    and said); the config returned has it on or off. With train.check_memory=false a planner that fails only costs
+    the plan (None)."""
+    config = config.model_copy(deep=True)
+    auto = config.train.gradient_checkpointing is None
     try:
-        plan = Planner(config, base, precision, this_device(), world_size(), planned_as(sharding),
-                       pictures_per_example).plan()
+        planner = Planner(config, base, precision, this_device(), world_size(), planned_as(sharding),
+                          pictures_per_example)
+        plan = resolved_plan(planner)
     except Exception as exc:  # re-raised unless the user asked to train regardless of the plan
         if config.train.check_memory:
             raise
         console.print(f"[yellow]train[/]: no memory plan ({escape(f'{type(exc).__name__}: {exc}')}); training anyway")
-        return None
+        config.train.gradient_checkpointing = bool(config.train.gradient_checkpointing)
+        return None, config
+    config.train.gradient_checkpointing = plan.gradient_checkpointing
+    if auto and plan.gradient_checkpointing:
+        without = planner.plan(checkpointing=False)
+        console.print(f"[bold]train[/]: gradient checkpointing on: without it this run needs "
+                      f"{gib(without.peak_bytes)} of {gib(plan.device.capacity_bytes)}, with it "
+                      f"{gib(plan.peak_bytes)} (slower steps; train.gradient_checkpointing=false refuses instead)")
     if not plan.fits and config.train.check_memory:
         raise UserError(f"this config cannot fit: {plan_summary(plan)}\n(train.check_memory=false trains anyway)")
     if not plan.fits:
         console.print(f"[yellow]train[/]: the memory plan says this does not fit; training anyway "
                       f"(train.check_memory=false)\n{escape(plan_summary(plan))}")
-    return plan
+    return plan, config
 
 
 def head_dim(base: ResolvedModel) -> int:

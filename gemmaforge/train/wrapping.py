@@ -51,7 +51,8 @@ def wrap_for_training(model: Any, config: RunConfig, family: Family, targets: li
     parameters = (resolve_lora_parameters(model, config.lora.target_parameters) if config.lora.target_parameters
                   else None)
     if config.model.load_in_4bit:
-        model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=config.train.gradient_checkpointing)
+        checkpointing = bool(config.train.gradient_checkpointing)  # null (auto) was resolved by train, or is off
+        model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=checkpointing)
     lora = config.lora
     model = get_peft_model(
         model,

@@ -42,8 +42,8 @@ def _kind(annotation: Any) -> tuple[Kind, tuple[str, ...], bool]:
     if len(members) == 1:
         (member,) = members
         origin, args = typing.get_origin(member), typing.get_args(member)
-        if member is bool:
-            return "bool", (), optional
+        if member is bool:  # an optional one has three states: a choice, empty for null (auto)
+            return ("choice", ("True", "False"), True) if optional else ("bool", (), False)
         if member is int:
             return "integer", (), optional
         if member is float:

@@ -70,7 +70,7 @@ def train(name: str, config: Path, *overrides: str) -> None:
 def test_two_cpu_processes_train_what_one_process_trains(runs: dict[str, dict], recipe: str) -> None:
     """Both recipes train what one process trains on the same 4 rows per step: the loss is normalised by the
     supervised tokens of the whole step across ranks. Tolerances (measured): per-step loss 1e-5 relative (1e-7),
-    gradient norm 1e-2 (1e-7), evaluation loss 1e-4 (2e-5), each adapter tensor 0.1 in relative Frobenius norm (at
+    gradient norm 1e-5 (1e-7), evaluation loss 1e-4 (2e-5), each adapter tensor 0.1 in relative Frobenius norm (at
     most 0.05: Adam's first steps move a weight by about lr whatever its gradient's size, so a near-zero gradient
     whose sign depends on the order of float sums moves it the other way). FSDP2 continues from its sharded
     checkpoint to step 4 as one process continues from its own."""
@@ -87,7 +87,7 @@ def test_two_cpu_processes_train_what_one_process_trains(runs: dict[str, dict], 
     assert [log["step"] for log in together] == [log["step"] for log in alone] == list(range(1, steps + 1))
     for mine, theirs in zip(together, alone):
         assert mine["loss"] == pytest.approx(theirs["loss"], rel=1e-5)
-        assert mine["grad_norm"] == pytest.approx(theirs["grad_norm"], rel=1e-2)
+        assert mine["grad_norm"] == pytest.approx(theirs["grad_norm"], rel=1e-5)
     evals = [[log["eval_loss"] for log in metrics(path) if "eval_loss" in log][:steps // 2] for path in (run, one)]
     assert evals[0] == pytest.approx(evals[1], rel=1e-4)
     pairs = [(runs[recipe]["step 2"], runs["one"]["step 2"])]

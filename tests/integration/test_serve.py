@@ -657,6 +657,7 @@ def test_sixteen_concurrent_streaming_clients_get_their_own_answers(client, serv
         together = list(pool.map(ask, range(16)))
     alone = [client.chat(model=models[i], messages=prompts[i], options=GREEDY).message.content for i in range(16)]
     assert together == alone
+    assert len(set(alone)) > 1  # the requests have answers of their own: equal lists would not be a coincidence
     assert idle(server[1].get("base").engine)
 
 

@@ -83,6 +83,14 @@ def test_supervised_loss_and_gradients_equal_transformers_labels_loss(kind: str,
     for p in model.parameters():
         if p.requires_grad:
             torch.nn.init.normal_(p, std=0.02)  # lora_B starts at zero: give every LoRA weight a gradient path
+    base = model.get_base_model()
+    softcap = base.config.get_text_config().final_logit_softcapping
+    if softcap:  # tiny random logits stay far below a cap of 30: scale them into its nonlinear range
+        with torch.no_grad():
+            base.get_decoder().norm.weight.fill_(100.0)
+            hidden = base.model(input_ids=torch.randint(3, 20000, (1, 24))).last_hidden_state
+            logits = base.get_output_embeddings()(hidden)
+        assert logits.abs().max() > softcap / 2
     assert_loss_equals_transformers(model)
 
 

@@ -99,12 +99,18 @@ def test_plan_reads_it_too(llamafactory_data: Path, tiny_gemma3_dir: Path, tmp_p
     assert (plan["batch_size"], plan["cutoff_len"]) == (1, 2048)
 
 
-def test_every_key_of_the_example_is_in_one_table(llamafactory_data: Path) -> None:
-    """No key of LLaMA-Factory's SFT examples falls through: each is translated, ignored or refused."""
+def test_every_key_of_the_examples_is_in_one_table(llamafactory_data: Path) -> None:
+    """No key of LLaMA-Factory's own SFT examples (every one its sdist ships, LoRA and QLoRA) falls through: each is
+    translated, ignored or refused."""
     tables = TRANSLATED.keys() | IGNORED.keys() | REFUSED.keys()
-    for name in ("qwen3_lora_sft.yaml", "qwen3_lora_sft_ds3.yaml", "qwen3vl_lora_sft.yaml", "mossvl_lora_sft.yaml"):
-        raw = yaml.safe_load((llamafactory_data.parent / "examples" / "train_lora" / name).read_text())
-        assert set(raw) - tables == set(), name
+    examples = llamafactory_data.parent / "examples"
+    checked = []
+    for path in sorted([*examples.glob("train_lora/*.yaml"), *examples.glob("train_qlora/*.yaml")]):
+        raw = yaml.safe_load(path.read_text())
+        if raw.get("stage") == "sft":
+            assert set(raw) - tables == set(), path.name
+            checked.append(path.name)
+    assert {"qwen3_lora_sft.yaml", "qwen3_lora_sft_ds3.yaml", "qwen3vl_lora_sft.yaml"} <= set(checked), checked
 
 
 def test_the_readme_states_every_key_of_the_tables() -> None:
@@ -309,3 +315,74 @@ def test_bad_merge_yaml_keys_exit_2(tmp_path: Path, capsys) -> None:
         path.write_text(yaml.safe_dump(raw))
         assert main(["merge", str(path)]) == 2
         assert expected in capsys.readouterr().err
+
+
+def llamafactory_fields(hparams: Path) -> dict[str, tuple[str, object, bool]]:
+    """Every dataclass field of LLaMA-Factory's argument classes, read from its source with ast: name -> (class,
+    default (a literal, or '<expr>' / '<factory>' / '<none>'), whether YAML can set it (init=False fields cannot))."""
+    import ast
+
+    found: dict[str, tuple[str, object, bool]] = {}
+    for path in sorted(hparams.glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if not isinstance(node, ast.ClassDef):
+                continue
+            for statement in node.body:
+                if not (isinstance(statement, ast.AnnAssign) and isinstance(statement.target, ast.Name)):
+                    continue
+                default: object = "<none>"
+                settable = True
+                value = statement.value
+                if isinstance(value, ast.Call) and getattr(value.func, "id", None) == "field":
+                    for keyword in value.keywords:
+                        if keyword.arg == "default":
+                            try:
+                                default = ast.literal_eval(keyword.value)
+                            except ValueError:
+                                default = "<expr>"
+                        elif keyword.arg == "default_factory":
+                            default = "<factory>"
+                        elif keyword.arg == "init":
+                            settable = ast.literal_eval(keyword.value)
+                elif value is not None:
+                    try:
+                        default = ast.literal_eval(value)
+                    except ValueError:
+                        default = "<expr>"
+                found.setdefault(statement.target.id, (node.name, default, settable))
+    return found
+
+
+def test_the_tables_hold_llamafactorys_own_arguments_and_defaults(llamafactory_data: Path) -> None:
+    """Against LLaMA-Factory's argument dataclasses in its sdist: every field a YAML can set is translated, ignored
+    or refused (but its `eval` stage's own EvaluationArguments); each key refused unless at LLaMA-Factory's default
+    accepts exactly that default; each default taken for a key left out is LLaMA-Factory's (or transformers'
+    TrainingArguments', for the trainer's keys)."""
+    import dataclasses
+
+    from transformers import TrainingArguments
+
+    from gemmaforge.llamafactory_config import DEFAULTS, IGNORED_PREFIXES
+
+    fields = llamafactory_fields(llamafactory_data.parent / "src" / "llamafactory" / "hparams")
+    assert len(fields) > 200 and "cutoff_len" in fields
+    tables = TRANSLATED.keys() | IGNORED.keys() | REFUSED.keys()
+    unclassified = sorted(name for name, (owner, _, settable) in fields.items()
+                          if settable and owner != "EvaluationArguments" and name not in tables
+                          and not name.startswith(tuple(IGNORED_PREFIXES)))
+    assert unclassified == []
+    wrong = []
+    for key, (accepted, _) in REFUSED.items():
+        default = fields.get(key, (None, "<none>"))[1]
+        literal = not (isinstance(default, str) and default.startswith("<"))
+        if key in fields and literal and not isinstance(accepted, tuple) and accepted not in ("dataset_dir", "seed"):
+            if accepted != default:
+                wrong.append((key, accepted, default))
+    assert wrong == []
+    trainer_defaults = {f.name: f.default for f in dataclasses.fields(TrainingArguments)}
+    for _, value, key in DEFAULTS:
+        if key in fields and fields[key][1] is not None:
+            assert fields[key][1] == value, key
+        elif key in trainer_defaults:
+            assert trainer_defaults[key] == value or str(trainer_defaults[key]) == f"IntervalStrategy.{value.upper()}" \
+                or getattr(trainer_defaults[key], "value", None) == value, key

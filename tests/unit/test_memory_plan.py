@@ -43,6 +43,33 @@ def tiny_config(family: str):
                             hidden_size_per_layer_input=16, layer_types=["sliding_attention", "full_attention"] * 3)
 
 
+def graph_saved_bytes(model, tokens: int) -> int:
+    """What the autograd graph of one training forward holds, found by walking the graph from the loss and reading
+    each node's saved tensors (distinct storages, parameters excepted): a count that shares nothing with the
+    planner's own hook-based one (activations._saved_bytes)."""
+    ids = torch.randint(1, activations.PROBE_VOCAB, (1, tokens))
+    labels = ids.clone()
+    labels[0, 0] = -100
+    loss = model(input_ids=ids, labels=labels, position_ids=torch.arange(tokens)[None]).loss
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    storages: dict[int, int] = {}
+    seen, stack = set(), [loss.grad_fn]
+    while stack:
+        node = stack.pop()
+        if node is None or node in seen:
+            continue
+        seen.add(node)
+        saved = [getattr(node, name) for name in dir(node) if name.startswith("_saved_")]
+        if hasattr(node, "saved_tensors"):  # a Python autograd Function's ctx.save_for_backward
+            saved.append(node.saved_tensors)
+        for value in saved:
+            for tensor in value if isinstance(value, (tuple, list)) else (value,):
+                if isinstance(tensor, torch.Tensor) and tensor.untyped_storage().data_ptr() not in params:
+                    storages[tensor.untyped_storage().data_ptr()] = tensor.untyped_storage().nbytes()
+        stack.extend(next_node for next_node, _ in node.next_functions)
+    return sum(storages.values())
+
+
 def traced_bytes(model_config, family, config: RunConfig, tokens: int, checkpointing: bool) -> float:
     """What autograd keeps in one training forward of the whole model (every layer, the real vocabulary)."""
     model = activations._probe_model(model_config, family, config, torch.float32, checkpointing)
@@ -62,6 +89,9 @@ def test_the_probe_predicts_what_the_whole_model_keeps(family: str, checkpointin
     predicted = profile.total(200, 200, checkpointing)
     assert predicted == pytest.approx(traced_bytes(model_config, FAMILIES[family], config, 200, checkpointing),
                                       rel=0.03)
+    if not checkpointing:  # (a checkpointed graph holds hooks, not tensors, until backward recomputes them)
+        model = activations._probe_model(model_config, FAMILIES[family], config, torch.float32, False)
+        assert predicted == pytest.approx(graph_saved_bytes(model, 200), rel=0.03)
 
 
 @pytest.mark.parametrize("family", ["gemma3", "gemma4"])
@@ -251,8 +281,8 @@ def test_train_refuses_a_config_that_cannot_fit(tmp_path: Path, tiny_gemma3_dir:
 def test_check_memory_false_plans_and_goes_on(tiny_gemma3_dir: Path, tmp_path: Path, monkeypatch) -> None:
     monkeypatch.setattr("gemmaforge.train.trainer.this_device", lambda: tiny_cpu(500 * 2**20))
     config = run_config(train={"per_device_train_batch_size": 64, "cutoff_len": 1024, "check_memory": False})
-    plan = check_memory(config, resolve_model(str(tiny_gemma3_dir), tmp_path), "fp32", "single")
-    assert not plan.fits and plan.advice
+    plan, trained = check_memory(config, resolve_model(str(tiny_gemma3_dir), tmp_path), "fp32", "single")
+    assert not plan.fits and plan.advice and trained.train.gradient_checkpointing is False
 
 
 def test_a_failing_planner_stops_train_unless_check_memory_is_false(monkeypatch) -> None:
@@ -262,7 +292,8 @@ def test_a_failing_planner_stops_train_unless_check_memory_is_false(monkeypatch)
     monkeypatch.setattr("gemmaforge.train.trainer.Planner", broken)
     with pytest.raises(ValueError, match="no config.json"):
         check_memory(run_config(), None, "fp32", "single")
-    assert check_memory(run_config(train={"check_memory": False}), None, "fp32", "single") is None
+    plan, trained = check_memory(run_config(train={"check_memory": False}), None, "fp32", "single")
+    assert plan is None and trained.train.gradient_checkpointing is False  # auto without a plan: off
 
 
 def test_the_tensor_tracker_counts_what_lives() -> None:

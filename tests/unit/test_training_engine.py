@@ -113,6 +113,37 @@ def test_losses_are_read_back_at_logs_and_checkpoints_naming_the_first_bad_step(
         SupervisedLossTrainer._save_checkpoint(trainer)  # raised before the Trainer's save could run
 
 
+def test_checkpointing_left_to_auto_is_turned_on_where_only_it_fits(tmp_path: Path, tiny_gemma3_dir,
+                                                                     monkeypatch: pytest.MonkeyPatch,
+                                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    """train.gradient_checkpointing null (the default): on a device with room for the run with checkpointing and
+    not without, `plan` and `train` turn it on and say so; set to false, the same run is refused (exit 2)."""
+    from gemmaforge.config import load_config
+    from gemmaforge.models import resolve_model
+    from gemmaforge.train import trainer
+    from gemmaforge.train.memory_plan import GPU_CONTEXT_BYTES, Device, Planner
+
+    config = write_config(tmp_path, tiny_gemma3_dir, max_steps=1, save_steps=100, eval_strategy="no",
+                          per_device_train_batch_size=8, cutoff_len=512, precision="fp32")
+    loaded = load_config(config)
+    assert loaded.train.gradient_checkpointing is None
+    # a GPU-sized budget: its runtime part is fixed, so the two peaks below are exactly what train will price
+    probe = Device("gpu", "a small GPU", 2**40, GPU_CONTEXT_BYTES)
+    planner = Planner(loaded, resolve_model(str(tiny_gemma3_dir), tmp_path / "home"), "fp32", probe)
+    on, off = planner.plan(checkpointing=True).peak_bytes, planner.plan(checkpointing=False).peak_bytes
+    assert on < off
+    small = Device("gpu", "a small GPU", (on + off) // 2, GPU_CONTEXT_BYTES)
+    assert main(["plan", str(config), "--gpu-memory", f"{small.capacity_bytes / 2**20:.6f}MiB", "--json"]) == 0
+    planned = json.loads(capsys.readouterr().out)
+    assert planned["gradient_checkpointing"] is True and planned["fits"]
+    monkeypatch.setattr(trainer, "this_device", lambda: small)
+    assert main(["train", str(config)]) == 0
+    assert "gradient checkpointing on: without it this run needs" in " ".join(capsys.readouterr().err.split())
+    assert manifest_train(tmp_path / "run")["gradient_checkpointing"] is True
+    assert main(["train", str(config), "train.gradient_checkpointing=false", "output_dir=" + str(tmp_path / "r2")]) == 2
+    assert "this config cannot fit" in capsys.readouterr().err
+
+
 def test_early_stopping_restores_the_best_checkpoint(tmp_path: Path, tiny_gemma3_dir,
                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     config = write_config(tmp_path, tiny_gemma3_dir, max_steps=12, learning_rate=0.5, save_steps=1, eval_steps=1,
