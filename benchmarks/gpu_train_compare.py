@@ -305,18 +305,9 @@ def one_run(args: argparse.Namespace) -> None:
 
 def matmul_tflops() -> float | None:
     import torch
+    from gpu_check import bf16_matmul_tflops
 
-    if not torch.cuda.is_available():
-        return None
-    a, b = (torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16) for _ in range(2))
-    for _ in range(3):
-        a @ b
-    torch.cuda.synchronize()
-    begin = time.perf_counter()
-    for _ in range(10):
-        a @ b
-    torch.cuda.synchronize()
-    return round(2 * 8192**3 * 10 / (time.perf_counter() - begin) / 1e12, 1)
+    return bf16_matmul_tflops() if torch.cuda.is_available() else None
 
 
 def derived(result: dict[str, Any], folder: Path, tokens: float, supervised: float, tflops: float | None) -> None:
