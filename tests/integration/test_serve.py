@@ -406,17 +406,70 @@ def test_structured_outputs_hold_every_answer_to_the_schema(client, oai, model: 
     parsed = oai.chat.completions.parse(model=model, messages=HI, response_format=Order, temperature=0,
                                         max_tokens=96)
     assert isinstance(parsed.choices[0].message.parsed, Order)
-    # JSON mode lets the value run on (this random tiny model does not close a free-form object within the
-    # budget): every answer is held to the JSON grammar, whose root is an object, and parses once it stops
+    # JSON mode on these random models runs on to the token budget (the object never closes): the answer is held
+    # to the grammar all the same; that it parses and stops is shown on a model that closes it, below
     json_mode = client.generate(model=model, prompt="Describe a latte.", format="json", options=sampled)
     json_object = oai.chat.completions.create(model=model, messages=HI, response_format={"type": "json_object"},
                                               max_tokens=96, seed=7)
     plain = client.generate(model=model, prompt="Describe a latte.", options=sampled).response
-    for text, reason in ((json_mode.response, json_mode.done_reason),
-                         (json_object.choices[0].message.content, json_object.choices[0].finish_reason)):
+    for text in (json_mode.response, json_object.choices[0].message.content):
         assert text.startswith("{") and text != plain
-        if reason == "stop":
-            assert isinstance(json.loads(text), dict)
+
+
+@pytest.fixture(scope="module")
+def closing_model(tmp_path_factory: pytest.TempPathFactory, tiny_gemma3_dir: Path) -> Path:
+    """The tiny Gemma 3 made to close a JSON object as soon as the grammar lets it: every layer's output projection
+    zeroed (the last hidden state is the current token's embedding), and one embedding coordinate that every token
+    shares ranks the next tokens end of turn > '"' > '}' > the rest. Unconstrained it ends its turn at once."""
+    import torch
+    from transformers import AutoTokenizer, Gemma3ForCausalLM
+
+    target = tmp_path_factory.mktemp("closing") / "model"
+    tokenizer = AutoTokenizer.from_pretrained(tiny_gemma3_dir)
+    model = Gemma3ForCausalLM.from_pretrained(tiny_gemma3_dir, dtype=torch.float32)
+    with torch.no_grad():
+        for name, weight in model.named_parameters():
+            if name.endswith(("o_proj.weight", "down_proj.weight")):
+                weight.zero_()
+        model.model.norm.weight[0] = 0.0  # Gemma's norm scales by 1 + weight: keep the shared coordinate's sign
+        embeddings = model.model.embed_tokens.weight
+        embeddings[:, 0] = 1.0
+        for token, rank in (("<end_of_turn>", 120.0), ('"', 60.0), ("}", 30.0)):
+            embeddings[tokenizer.convert_tokens_to_ids(token), 0] = rank
+    model.save_pretrained(target)
+    tokenizer.save_pretrained(target)
+    return target
+
+
+@pytest.mark.parametrize("engine", ["transformers", "llamacpp"])
+def test_json_mode_answers_parse_and_stop_when_the_object_closes(closing_model: Path, engine: str) -> None:
+    """Ollama's `format: "json"` and OpenAI's json_object on both engines, with a model that would otherwise say
+    nothing: the grammar carries it past its end of turn into an object, and the answer stops once the object is
+    closed (a grammar that never let it end, or one not applied, fails here)."""
+    source = closing_model
+    if engine == "llamacpp":
+        source = write_gguf(closing_model, closing_model.parent / "closing-f32.gguf", "f32")
+    options = ServeOptions(max_batch=2, max_queue=8, dtype="fp32")
+    registry = load_registry([f"closing={source}"], options, default_home())
+    try:
+        with background_server(registry, options) as url:
+            client = ollama.Client(host=url)
+            oai = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0)
+            plain = client.generate(model="closing", prompt="Describe a latte.", options=GREEDY)
+            assert plain.response == "" and plain.done_reason == "stop"
+            for options_ in ({"temperature": 0, "num_predict": 64}, {"temperature": 1.0, "seed": 7, "num_predict": 64}):
+                answer = client.generate(model="closing", prompt="Describe a latte.", format="json", options=options_)
+                assert answer.done_reason == "stop" and answer.eval_count < 64, answer
+                assert isinstance(json.loads(answer.response), dict)
+                chunks = list(client.chat(model="closing", messages=HI, format="json", options=options_, stream=True))
+                assert chunks[-1].done_reason == "stop"
+                assert isinstance(json.loads("".join(c.message.content for c in chunks)), dict)
+            completion = oai.chat.completions.create(model="closing", messages=HI, max_tokens=64, seed=7,
+                                                     response_format={"type": "json_object"})
+            assert completion.choices[0].finish_reason == "stop"
+            assert isinstance(json.loads(completion.choices[0].message.content), dict)
+    finally:
+        registry.close()
 
 
 # ---------------------------------------------------------------------------- embeddings
