@@ -18,7 +18,9 @@ from gemmaforge.export.gguf import weight_files
 from gemmaforge.export.merge_in_place import merge_into_copy
 
 CLASSES = {"gemma3-mm": "Gemma3ForConditionalGeneration", "gemma4-e2b": "Gemma4ForConditionalGeneration",
-           "gemma4-moe": "Gemma4ForConditionalGeneration", "gemma4-unified": "Gemma4UnifiedForConditionalGeneration"}
+           "gemma4-moe": "Gemma4ForConditionalGeneration", "gemma4-dense": "Gemma4ForConditionalGeneration",
+           "gemma4-unified": "Gemma4UnifiedForConditionalGeneration"}
+TEXT_CLASSES = {"gemma": "GemmaForCausalLM", "gemma2": "Gemma2ForCausalLM", "gemma4": "Gemma4ForCausalLM"}
 MARKER_ROWS = [105, 106]  # <start_of_turn>, <end_of_turn>: the rows the training template adds
 
 
@@ -85,6 +87,18 @@ def test_text_model_lora_and_marker_rows(tiny_gemma3_dir: Path, tmp_path: Path) 
     merged, original = load_file(tmp_path / "merged" / "model.safetensors"), load_file(base / "model.safetensors")
     assert not torch.equal(merged[embedding][105:107], original[embedding][105:107])  # the trained marker rows
     assert torch.equal(merged[embedding][:105], original[embedding][:105])
+
+
+@pytest.mark.parametrize("family", sorted(TEXT_CLASSES))
+def test_every_other_text_family(family: str, text_checkpoint_of, tmp_path: Path) -> None:
+    """Gemma 1, 2 and 4 text-only checkpoints (Gemma 3's is above)."""
+    import transformers
+
+    model_class = getattr(transformers, TEXT_CLASSES[family])
+    base = in_bf16(text_checkpoint_of(family), tmp_path / "base")
+    adapter = trained_adapter(model_class.from_pretrained(base, dtype=torch.bfloat16), tmp_path / "adapter",
+                              target_modules="all-linear", trainable_token_indices=MARKER_ROWS)
+    assert_merges_like_whole_fp32(base, adapter, model_class, tmp_path / "merged")
 
 
 @pytest.mark.parametrize("lora", [{"use_dora": True}, {"modules_to_save": ["model.norm"]}], ids=["dora", "full-module"])
