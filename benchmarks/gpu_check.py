@@ -2,6 +2,7 @@
 
     python benchmarks/gpu_check.py --out DIR [--model gemma3-270m | --random-weights FOLDER] [--budget-s 470]
     python benchmarks/gpu_check.py --out DIR --dry-run      # the plumbing, on any machine (tested in the suite)
+    python benchmarks/gpu_check.py --out DIR --cpu --random-weights FOLDER   # every step's body on the CPU
 
 It installs nothing. What it needs: torch with a GPU and gemmaforge's own dependencies (`pip install -e .`);
 bitsandbytes for QLoRA, llama-cpp-python for `export verify`, fastapi + uvicorn + httpx for serving, vLLM for
@@ -25,6 +26,11 @@ Results: DIR/gpu_check.json (every step's figures and status) and DIR/summary.md
 (every step's output). --random-weights FOLDER takes a checkpoint's config and tokenizer files without its
 weights (where the real weights cannot travel) and draws random weights of that exact architecture: speed and
 memory are those of the real model, losses and answers are not.
+
+--cpu runs every step's body on the CPU, on a short run (4 steps of batch 2, rows of 128 tokens, fp32): the check's
+own test (tests/unit/test_gpu_check.py, on a tiny model), so that a GPU session's few minutes are not spent finding
+a broken step. Its figures say nothing about any GPU; QLoRA is reported skipped there (bitsandbytes' 4-bit
+weights need a GPU, and `train` refuses them on a CPU).
 """
 
 from __future__ import annotations
@@ -50,6 +56,8 @@ OPTIONAL = {"bitsandbytes": "qlora", "llama_cpp": "merge_export_verify (verify)"
             "fastapi": "serve", "uvicorn": "serve", "httpx": "serve"}
 TRAIN = {"max_steps": 40, "per_device_train_batch_size": 8, "cutoff_len": 512, "packing": True,
          "learning_rate": 1e-3, "logging_steps": 5, "save_steps": 1000, "precision": "bf16", "seed": 42}
+CPU_TRAIN = {**TRAIN, "max_steps": 4, "per_device_train_batch_size": 2, "cutoff_len": 128, "logging_steps": 2,
+             "precision": "fp32"}
 LORA = {"r": 16, "lora_alpha": 32, "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj",
                                                       "up_proj", "down_proj"]}
 
@@ -69,10 +77,10 @@ def gemmaforge(*args: str, timeout: float = 600) -> subprocess.CompletedProcess[
     return proc
 
 
-def need_gpu() -> None:
+def need_gpu(args: argparse.Namespace) -> None:
     import torch
 
-    if not torch.cuda.is_available():
+    if not args.cpu and not torch.cuda.is_available():
         raise Skipped("no GPU: torch.cuda.is_available() is false")
 
 
@@ -119,25 +127,27 @@ def step_doctor(args: argparse.Namespace) -> dict[str, Any]:
     return {"status_of_doctor": report.get("status"), "summary": report.get("summary")}
 
 
-def bf16_matmul_tflops(n: int = 8192) -> float:
+def bf16_matmul_tflops(n: int = 8192, device: str = "cuda") -> float:
     """The bf16 matrix-product rate of this GPU: n^3 products, the mean of 10 after 3 warm-ups (MFU's denominator)."""
     import torch
 
-    a, b = (torch.randn(n, n, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    a, b = (torch.randn(n, n, device=device, dtype=torch.bfloat16) for _ in range(2))
+    synchronize = torch.cuda.synchronize if device == "cuda" else (lambda: None)
     for _ in range(3):
         a @ b
-    torch.cuda.synchronize()
+    synchronize()
     begin = time.perf_counter()
     for _ in range(10):
         a @ b
-    torch.cuda.synchronize()
+    synchronize()
     seconds = (time.perf_counter() - begin) / 10
-    return round(2 * n**3 / seconds / 1e12, 1)
+    return float(f"{2 * n**3 / seconds / 1e12:.3g}")  # three figures: a CPU rate is a fraction of one
 
 
 def step_matmul(args: argparse.Namespace) -> dict[str, Any]:
-    need_gpu()
-    return {"bf16_tflops": bf16_matmul_tflops(), "shape": [8192, 8192, 8192]}
+    need_gpu(args)
+    n, device = (512, "cpu") if args.cpu else (8192, "cuda")
+    return {"bf16_tflops": bf16_matmul_tflops(n, device), "shape": [n, n, n], "device": device}
 
 
 def step_model(args: argparse.Namespace) -> dict[str, Any]:
@@ -167,14 +177,15 @@ def step_model(args: argparse.Namespace) -> dict[str, Any]:
 
 def train_run(args: argparse.Namespace, name: str, **model: Any) -> dict[str, Any]:
     """A short LoRA run with the monitor on, and the plan's prediction for it."""
-    need_gpu()
+    need_gpu(args)
     run = args.work / name
     shutil.rmtree(run, ignore_errors=True)
     config = args.work / f"{name}.yaml"
     config.write_text(json.dumps({
         "output_dir": str(run), "model": {"name_or_path": earlier(args.work, "model")["model"], **model},
         "data": {"path": str(ROOT / "examples" / "data" / "coffee_qa.json"), "val_size": 0.1},
-        "lora": LORA, "train": {**TRAIN, "check_memory": False}}))  # measured even where the plan says no
+        # check_memory off: measured even where the plan says it does not fit
+        "lora": LORA, "train": {**(CPU_TRAIN if args.cpu else TRAIN), "check_memory": False}}))
     plan = json.loads(gemmaforge("plan", str(config), "--json").stdout)
     gemmaforge("train", str(config), timeout=STEPS[name])
     train = json.loads((run / "manifest.json").read_text())["stages"]["train"]
@@ -219,13 +230,15 @@ def step_train_bf16(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def step_qlora(args: argparse.Namespace) -> dict[str, Any]:
-    need_gpu()
+    if args.cpu:
+        raise Skipped("--cpu: bitsandbytes' 4-bit weights need a GPU (train refuses model.load_in_4bit on a CPU)")
+    need_gpu(args)
     need("bitsandbytes")
     return train_run(args, "qlora", load_in_4bit=True)
 
 
 def step_merge_export_verify(args: argparse.Namespace) -> dict[str, Any]:
-    need_gpu()
+    need_gpu(args)
     run = args.work / "train_bf16"
     if not (run / "adapter" / "adapter_config.json").is_file():
         raise Skipped("train_bf16 left no adapter")
@@ -250,7 +263,7 @@ def step_merge_export_verify(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def step_serve(args: argparse.Namespace) -> dict[str, Any]:
-    need_gpu()
+    need_gpu(args)
     for module in ("fastapi", "uvicorn", "httpx"):
         need(module)
     sys.path.insert(0, str(Path(__file__).parent))
@@ -265,8 +278,8 @@ def step_serve(args: argparse.Namespace) -> dict[str, Any]:
     port = free_port()
     env_path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
     os.environ["PYTHONPATH"] = env_path
-    process = start([sys.executable, "-m", "gemmaforge", "serve", str(run), "--max-batch", "8", "--port", str(port)],
-                    port)
+    command = [sys.executable, "-m", "gemmaforge", "serve", str(run), "--max-batch", "8", "--port", str(port)]
+    process = start(command + (["--dtype", "fp32"] if args.cpu else []), port)
     try:
         from gemmaforge.runs import RunDir
 
@@ -280,7 +293,7 @@ def step_serve(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def step_vllm(args: argparse.Namespace) -> dict[str, Any]:
-    need_gpu()
+    need_gpu(args)
     need("vllm")
     run = args.work / "train_bf16"
     if not (run / "merged" / "config.json").is_file():
@@ -308,7 +321,8 @@ def run_step(name: str, args: argparse.Namespace, deadline: float) -> dict[str, 
     result_path = args.work / "steps" / f"{name}.json"
     result_path.unlink(missing_ok=True)
     command = [sys.executable, __file__, "--step", name, "--out", str(args.out), "--work", str(args.work),
-               "--model", args.model] + (["--random-weights", str(args.random_weights)] if args.random_weights else [])
+               "--model", args.model, *(["--random-weights", str(args.random_weights)] if args.random_weights else []),
+               *(["--cpu"] if args.cpu else [])]
     begin = time.perf_counter()
     with (args.out / "log.txt").open("a") as log:
         log.write(f"\n===== {name} (limit {limit:.0f} s)\n")
@@ -354,6 +368,8 @@ def main() -> None:
                         help="config and tokenizer files: random weights of that architecture (see above)")
     parser.add_argument("--budget-s", type=float, default=470, help="the whole check's time limit (s)")
     parser.add_argument("--dry-run", action="store_true", help="skip the GPU steps: the plumbing alone")
+    parser.add_argument("--cpu", action="store_true",
+                        help="run every step's body on the CPU, on a short run: the check's own test (see above)")
     parser.add_argument("--step", choices=list(STEPS), help=argparse.SUPPRESS)
     args = parser.parse_args()
     args.work = args.work or args.out.parent / f"{args.out.name}-work"
@@ -364,6 +380,7 @@ def main() -> None:
     (args.out / "log.txt").write_text("")
     begin, deadline = time.perf_counter(), time.monotonic() + args.budget_s
     results: dict[str, Any] = {"started": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "dry_run": args.dry_run,
+                               "cpu": args.cpu,
                                "budget_s": args.budget_s, "steps": {}}
     for name in STEPS:
         results["steps"][name] = run_step(name, args, deadline)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import shutil
 import subprocess
 import sys
 import time
@@ -41,7 +42,7 @@ def test_dry_run_reports_every_step(tmp_path: Path) -> None:
 def test_a_failing_step_is_a_finding_and_the_budget_is_kept(tmp_path: Path, monkeypatch) -> None:
     check = load_script()
     args = argparse.Namespace(out=tmp_path, work=tmp_path / "work", model="m", random_weights=None, dry_run=False,
-                              budget_s=10, step="matmul")
+                              budget_s=10, step="matmul", cpu=False)
 
     def broken(_args):
         raise RuntimeError("out of memory")
@@ -52,3 +53,32 @@ def test_a_failing_step_is_a_finding_and_the_budget_is_kept(tmp_path: Path, monk
         "status": "failed", "reason": "RuntimeError: out of memory"}
     late = check.run_step("environment", args, deadline=time.monotonic() + 1)
     assert late == {"status": "skipped", "reason": "no time left in the 10 s budget"}
+
+
+def test_cpu_mode_runs_every_step_body_on_a_tiny_model(tmp_path: Path, tiny_gemma3_dir: Path) -> None:
+    """--cpu: the step bodies a GPU session relies on (random weights of a given architecture, plan and train with
+    the monitor, merge, GGUF export and llama.cpp verification, serve with 8 clients) run end to end and report
+    their figures; QLoRA says why it cannot run there."""
+    architecture = tmp_path / "architecture"
+    architecture.mkdir()
+    for file in tiny_gemma3_dir.iterdir():
+        if file.suffix != ".safetensors":
+            shutil.copyfile(file, architecture / file.name)
+    out = tmp_path / "out"
+    proc = subprocess.run([sys.executable, str(SCRIPT), "--out", str(out), "--cpu", "--random-weights",
+                           str(architecture), "--budget-s", "900"], capture_output=True, text=True, timeout=1000)
+    assert proc.returncode == 0, proc.stderr
+    steps = json.loads((out / "gpu_check.json").read_text())["steps"]
+    log = (out / "log.txt").read_text()
+    assert steps["qlora"]["status"] == "skipped" and "need a GPU" in steps["qlora"]["reason"]
+    assert steps["vllm"]["status"] == "skipped"
+    for name in ("environment", "doctor", "matmul", "model", "train_bf16", "merge_export_verify", "serve"):
+        assert steps[name]["status"] == "ok", (name, steps[name], log[-3000:])
+    assert steps["matmul"]["device"] == "cpu" and steps["matmul"]["bf16_tflops"] > 0
+    assert steps["model"]["architecture"] == "Gemma3ForCausalLM" and steps["model"]["random_weights"]
+    train = steps["train_bf16"]
+    assert train["steps"] == 4 and train["samples_per_second"] > 0 and train["mfu"] > 0
+    assert train["planned_peak_bytes"] > 0 and set(train["plan_parts"]) >= {"weights", "activations", "logits"}
+    verify = steps["merge_export_verify"]
+    assert verify["merge_s"] > 0 and verify["export_gguf_s"] > 0 and verify["top1_agreement"] >= 0.9
+    assert steps["serve"]["clients"] == 8
