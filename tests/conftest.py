@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 
 import pytest
@@ -43,6 +44,9 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
     report = outcome.get_result()
     if _skip_is_failure(report, item):
         _as_failure(report)
+    elif too_slow := _too_slow_for_the_fast_tier(item, call, report):
+        report.outcome = "failed"
+        report.longrepr = too_slow
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -51,6 +55,61 @@ def pytest_make_collect_report(collector: pytest.Collector):
     report = outcome.get_result()
     if _skip_is_failure(report, None):  # a module-level importorskip
         _as_failure(report)
+
+
+# The fast tier (`-m "not slow"`) must stay a few minutes on 2 cores. A test is in the slow tier when it is marked
+# `slow` or when it uses a real component end to end (marker `integration`, or a file under tests/integration). In CI
+# a test outside it fails when its call and function fixtures take longer than `fast_test_limit` seconds, or when a
+# module or class fixture it uses took longer than twice that to set up (paid once for its tests, by whichever runs
+# first: a fast test would pay it in the fast tier), so a slow test cannot land unmarked. Session fixtures (the tiny
+# checkpoints, the fetched references) are paid once per worker: not counted.
+MARKERS = ("integration: uses a real component (llama.cpp) or the embedded model end to end (slow too)",
+           'slow: left out of the fast tier, `python -m pytest -m "not slow"`',
+           "never_in_ci(reason): cannot run on CI's machine (a GPU, an ollama binary): the only skip CI accepts")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    for marker in MARKERS:
+        config.addinivalue_line("markers", marker)
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addini("fast_test_limit", "seconds a test outside the slow tier may take in CI (tests/conftest.py)",
+                  default="10")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        if item.get_closest_marker("integration") or item.path.parent.name == "integration":
+            item.add_marker(pytest.mark.slow)
+
+
+_fixture_seconds: dict[object, float] = {}
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_fixture_setup(fixturedef: pytest.FixtureDef, request: pytest.FixtureRequest):
+    start = time.perf_counter()
+    yield
+    if fixturedef.scope != "session":  # a fixture's dependencies are set up before this hook: its own time only
+        _fixture_seconds[fixturedef] = max(_fixture_seconds.get(fixturedef, 0.0), time.perf_counter() - start)
+
+
+def _too_slow_for_the_fast_tier(item: pytest.Item, call: pytest.CallInfo, report: pytest.TestReport) -> str | None:
+    if not (os.environ.get(STRICT) and call.when == "call" and report.passed) or item.get_closest_marker("slow"):
+        return None
+    limit = float(item.config.getini("fast_test_limit"))
+    used = [defs[-1] for defs in item._fixtureinfo.name2fixturedefs.values() if defs]  # type: ignore[attr-defined]
+    own = call.duration + sum(_fixture_seconds.get(d, 0.0) for d in used if d.scope == "function")
+    shared = {d.argname: _fixture_seconds.get(d, 0.0) for d in used if d.scope in ("module", "class", "package")}
+    slowest = max(shared, key=shared.__getitem__, default=None)
+    if own > limit:
+        why = f"its call and function fixtures took {own:.1f} s, over fast_test_limit ({limit:g} s)"
+    elif slowest and shared[slowest] > 2 * limit:
+        why = f"its {slowest} fixture took {shared[slowest]:.1f} s to set up, over twice fast_test_limit ({limit:g} s)"
+    else:
+        return None
+    return f"{item.nodeid}: {why}; mark it @pytest.mark.slow so `python -m pytest -m \"not slow\"` stays fast"
 
 
 @pytest.fixture(scope="session")

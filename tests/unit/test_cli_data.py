@@ -6,6 +6,8 @@ import json
 import re
 from pathlib import Path
 
+import pytest
+
 from gemmaforge.cli import main
 from gemmaforge.families import FAMILIES
 from gemmaforge.templates import encode_for_training
@@ -51,6 +53,7 @@ def test_inspect_text_shows_samples_and_summary(tmp_path: Path) -> None:
     assert "not one token" in proc.stderr  # gemma4 markers are not in the Gemma 3 vocabulary
 
 
+@pytest.mark.slow
 def test_bad_input_and_bad_keys_are_exit_2(tmp_path: Path) -> None:
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"messages": [{"role": "user", "content": "a"}, {"role": "bot", "content": "b"}]}\n',
@@ -89,6 +92,7 @@ def test_prepare_reads_a_plain_folder_of_json_lines_files(tmp_path: Path, capsys
     assert sorted(p[0]["content"] for p in prepared) == sorted(f"question {i}" for i in range(12))
 
 
+@pytest.mark.slow
 def test_prepare_format_and_column_keys_name_other_columns(tmp_path: Path, capsys) -> None:
     """README: `--format` and `columns.prompt=question`-style keys name other columns: a question/answer file,
     which detection refuses, becomes user/assistant turns."""
@@ -121,6 +125,7 @@ def test_inspect_text_highlights_the_answer_not_the_prompt(tmp_path: Path, capsy
     assert dim == "<bos><start_of_turn>userWhat water temperature?<end_of_turn><start_of_turn>model"
 
 
+@pytest.mark.slow
 def test_inspect_train_on_prompt_supervises_the_prompt(tmp_path: Path, capsys, gemma3_tokenizer) -> None:
     """README: `--train-on-prompt` shows that loss option: with it the question's tokens carry labels in `--json`,
     without it they are -100."""
@@ -141,6 +146,7 @@ def test_inspect_train_on_prompt_supervises_the_prompt(tmp_path: Path, capsys, g
     assert on_prompt["labels"][1:] == on_prompt["input_ids"][1:] and on_prompt["labels"][0] == -100  # all but <bos>
 
 
+@pytest.mark.slow
 def test_inspect_model_gives_the_tokenizer_and_the_template(tmp_path: Path, capsys, checkpoint_of,
                                                             gemma3_tokenizer) -> None:
     """README: the tokenizer comes from `--model` and the template from its family: a Gemma 4 checkpoint renders
@@ -159,6 +165,7 @@ def test_inspect_model_gives_the_tokenizer_and_the_template(tmp_path: Path, caps
     assert row["input_ids"] != gemma3_tokenizer(row["text"], add_special_tokens=False).input_ids
 
 
+@pytest.mark.slow
 def test_llamafactory_tool_data_prepares_and_inspects(tmp_path: Path, llamafactory_data: Path,
                                                      gemma3_tokenizer) -> None:
     """The command the walkthroughs' users run on LLaMA-Factory's tool-call demo, then what training sees of it:

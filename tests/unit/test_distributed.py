@@ -47,6 +47,7 @@ def test_rank_0_alone_prepares_the_data(tmp_path: Path, tiny_gemma3_dir: Path, m
     assert json.loads(run.manifest_path.read_text())["stages"]["data"]["status"] == "done"
 
 
+@pytest.mark.slow
 def test_ranks_with_different_adapters_stop_the_stage(tmp_path: Path, tiny_gemma3_dir: Path,
                                                        monkeypatch: pytest.MonkeyPatch,
                                                        capsys: pytest.CaptureFixture[str]) -> None:

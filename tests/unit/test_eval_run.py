@@ -101,6 +101,7 @@ def sample(trained: Path, tiny_gemma3_dir: Path) -> dict[str, list[tuple[str, in
     return {"base": greedy(tiny_gemma3_dir, PROMPTS), "tuned": greedy(tiny_gemma3_dir, PROMPTS, trained / "adapter")}
 
 
+@pytest.mark.slow
 def test_results_have_base_and_tuned_with_every_metric(results: dict, trained: Path, tiny_gemma3_dir: Path,
                                                        sample: dict) -> None:
     from gemmaforge.evaluate.metrics import reference_scores
@@ -130,6 +131,7 @@ def test_results_have_base_and_tuned_with_every_metric(results: dict, trained: P
     assert results["tuned"]["general_text_perplexity"] != results["base"]["general_text_perplexity"]
 
 
+@pytest.mark.slow
 def test_eval_loss_is_the_trainers(results: dict, trained: Path) -> None:
     """The tuned eval loss is the one the trainer logged for the final adapter (same objective, same data)."""
     logged = [json.loads(line) for line in (trained / "metrics.jsonl").read_text().splitlines()]
@@ -137,12 +139,14 @@ def test_eval_loss_is_the_trainers(results: dict, trained: Path) -> None:
     assert results["tuned"]["eval_loss"] == pytest.approx(final, abs=1e-3)
 
 
+@pytest.mark.slow
 def test_base_answers_are_the_base_models_and_tuned_the_adapters(results: dict, sample: dict) -> None:
     """Batched, left-padded generation with the adapter disabled answers exactly as the base model alone."""
     for side in ("base", "tuned"):
         assert [c[side]["answer"] for c in results["cases"]] == [answer for answer, _, _ in sample[side]]
 
 
+@pytest.mark.slow
 def test_report_files_and_manifest(results: dict, trained: Path) -> None:
     report = (trained / "eval" / "report.md").read_text(encoding="utf-8")
     assert "| suite pass rate (cases whose checks all pass) | 0.500 | 0.500 |" in report
@@ -155,6 +159,7 @@ def test_report_files_and_manifest(results: dict, trained: Path) -> None:
     assert stage["status"] == "done" and stage["tuned"]["suite_pass_rate"] == 0.5
 
 
+@pytest.mark.slow
 def test_fail_under_exits_1_after_writing_the_report(results: dict, trained: Path,
                                                      capsys: pytest.CaptureFixture[str]) -> None:
     (trained / "eval" / "results.json").unlink()
@@ -166,6 +171,7 @@ def test_fail_under_exits_1_after_writing_the_report(results: dict, trained: Pat
     assert json.loads((trained / "eval" / "results.json").read_text())["retention"] == []
 
 
+@pytest.mark.slow
 def test_seeded_sampling_repeats_with_its_seed(results: dict, trained: Path) -> None:
     suite = str(trained.parent / "suite.yaml")
 
@@ -183,6 +189,7 @@ def test_seeded_sampling_repeats_with_its_seed(results: dict, trained: Path) -> 
     assert first != [c["tuned"]["answer"] for c in results["cases"]]  # not the greedy answers
 
 
+@pytest.mark.slow
 def test_llamacpp_engine_answers_as_the_merged_model(results: dict, trained: Path) -> None:
     """On a split export: the engine takes the first shard and llama.cpp loads the set (README, export gguf)."""
     pytest.importorskip("llama_cpp")
@@ -209,6 +216,7 @@ def test_llamacpp_engine_answers_as_the_merged_model(results: dict, trained: Pat
         (["--fail-under", "0.5"], "eval.fail_under=0.5 needs a suite with checks"),
     ],
 )
+@pytest.mark.slow
 def test_bad_eval_input_is_exit_2(trained: Path, args: list[str], expected: str,
                                   capsys: pytest.CaptureFixture[str]) -> None:
     (trained.parent / "bad.yaml").write_text("cases:\n  - prompt: a\n    checks: [{startswith: x}]\n", encoding="utf-8")

@@ -27,6 +27,7 @@ def script_command(run: Path) -> list[str]:
     return shlex.split(line.removeprefix("exec ").removesuffix(' "$@"'))
 
 
+@pytest.mark.slow
 def test_merged_model_command_needs_merge_first(trained: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["export", "vllm", str(trained)]) == 2
     assert "merged/config.json is missing: run `gemmaforge merge" in " ".join(capsys.readouterr().err.split())

@@ -17,6 +17,7 @@ from gemmaforge.model_spec import read_spec
 from tests.helpers import write_config
 
 
+@pytest.mark.slow
 def test_llama_cpp_with_the_adapter_gguf_computes_the_merged_model(tmp_path: Path, tiny_gemma3_dir: Path) -> None:
     llama_cpp = pytest.importorskip("llama_cpp")
     import torch

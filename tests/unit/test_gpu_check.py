@@ -12,6 +12,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 SCRIPT = Path(__file__).parents[2] / "benchmarks" / "gpu_check.py"
 
 
@@ -55,6 +57,7 @@ def test_a_failing_step_is_a_finding_and_the_budget_is_kept(tmp_path: Path, monk
     assert late == {"status": "skipped", "reason": "no time left in the 10 s budget"}
 
 
+@pytest.mark.slow
 def test_cpu_mode_runs_every_step_body_on_a_tiny_model(tmp_path: Path, tiny_gemma3_dir: Path) -> None:
     """--cpu: the step bodies a GPU session relies on (random weights of a given architecture, plan and train with
     the monitor, merge, GGUF export and llama.cpp verification, serve with 8 clients) run end to end and report

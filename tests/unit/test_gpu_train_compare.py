@@ -8,9 +8,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 SCRIPT = Path(__file__).parents[2] / "benchmarks" / "gpu_train_compare.py"
 
 
+@pytest.mark.slow
 def test_dry_run_prepares_every_input_and_reports_every_trainer(tmp_path: Path, embedded_model) -> None:
     from transformers import AutoConfig, AutoTokenizer
 

@@ -52,6 +52,7 @@ def test_llamafactory_mllm_demo_prepares_unchanged(llamafactory_data: Path, chec
     assert not (tmp_path / "out" / "images").exists()  # referenced, never copied
 
 
+@pytest.mark.slow
 def test_token_lengths_count_image_tokens_as_the_processor_writes_them(llamafactory_data: Path, checkpoint_of,
                                                                        tmp_path: Path) -> None:
     """stats.json's lengths are the processor's: Gemma 4's per-picture count follows each picture's size."""
@@ -194,6 +195,7 @@ BAD_RECORDS = {
 
 
 @pytest.mark.parametrize("case", BAD_RECORDS)
+@pytest.mark.slow
 def test_bad_images_exit_2_naming_the_record(case: str, checkpoint_of, tmp_path: Path, capsys) -> None:
     (tmp_path / "ok.png").write_bytes(png((1, 2, 3)))
     (tmp_path / "text.png").write_text("not a picture")
@@ -235,6 +237,7 @@ def test_video_columns_are_still_refused(llamafactory_data: Path, checkpoint_of,
     assert "columns.videos: video data is not supported" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_inspect_shows_each_image_slot_and_counts_its_tokens(llamafactory_data: Path, checkpoint_of, capsys) -> None:
     """`data inspect` on LLaMA-Factory's file itself: one slot per image with the processor's token count, the same
     lengths `data prepare` records, and --json naming the pictures."""

@@ -149,6 +149,7 @@ def saved_bytes(model, batch: dict) -> int:
 
 
 @pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.slow
 def test_planner_prices_what_an_adapted_tower_keeps_per_picture(kind: str, checkpoint_of, tmp_path: Path) -> None:
     """The plan's bytes per picture (a probe of the tower alone) against a real training forward of the tiny
     checkpoint with tower and projector adapted: a conversation with the largest picture, minus the same tokens

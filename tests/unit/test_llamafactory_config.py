@@ -91,6 +91,7 @@ def test_the_sft_example_converts_key_by_key(llamafactory_data: Path, tiny_gemma
     assert "#   template -> checked against the model's family" in text
 
 
+@pytest.mark.slow
 def test_plan_reads_it_too(llamafactory_data: Path, tiny_gemma3_dir: Path, tmp_path: Path, capsys) -> None:
     """`gemmaforge plan` on the LLaMA-Factory file: its batch and cutoff, as translated, are what is planned."""
     path = example(llamafactory_data, "train_lora/qwen3_lora_sft.yaml", tmp_path, tiny_gemma3_dir)
@@ -147,6 +148,7 @@ def test_the_walkthrough_nested_form(llamafactory_data: Path, tiny_gemma3_dir: P
 
 
 @pytest.mark.integration
+@pytest.mark.slow
 def test_the_sft_example_trains_and_its_merge_example_merges(llamafactory_data: Path, tiny_gemma3_dir: Path,
                                                              tmp_path: Path, capsys) -> None:
     """`gemmaforge run` on LLaMA-Factory's example (identity + alpaca_en_demo), a few steps, through eval, merge and

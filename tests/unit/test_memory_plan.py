@@ -181,6 +181,7 @@ def test_fp16_activations_are_planned_as_fp32(text_checkpoint_of, tmp_path: Path
     assert fp16["backward"] == fp32["backward"]
 
 
+@pytest.mark.slow
 def test_the_backward_term_is_what_the_largest_layer_keeps(text_checkpoint_of, tmp_path: Path) -> None:
     """README (`gemmaforge plan`): backward is the largest layer's gradients while its backward runs, counted as
     what that layer keeps for backward (twice that with gradient checkpointing, which recomputes it first). Held
@@ -237,6 +238,7 @@ def test_the_advice_is_priced_by_the_planner(embedded_planner: Planner) -> None:
     assert any("load_in_4bit=true" in hint for hint in plan.advice)
 
 
+@pytest.mark.slow
 def test_four_bit_weights_are_priced_as_nf4(embedded_model) -> None:
     device = Device("gpu", "a GPU", 24 * 2**30, 512 * 2**20)
     full = Planner(run_config(), embedded_model, "bf16", device).counts
@@ -245,6 +247,7 @@ def test_four_bit_weights_are_priced_as_nf4(embedded_model) -> None:
     assert 0.4 * full.frozen_bytes < nf4.frozen_bytes < 0.8 * full.frozen_bytes  # the 168M-entry embedding stays bf16
 
 
+@pytest.mark.slow
 def test_plan_verb(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["plan", str(QUICKSTART), "--gpu-memory", "24GiB", "--json"]) == 0
     result = json.loads(capsys.readouterr().out)
@@ -267,6 +270,7 @@ def tiny_cpu(spare: int) -> Device:
     return Device("cpu", "this CPU", resident_bytes() + spare, resident_bytes())
 
 
+@pytest.mark.slow
 def test_train_refuses_a_config_that_cannot_fit(tmp_path: Path, tiny_gemma3_dir: Path, monkeypatch,
                                                capsys: pytest.CaptureFixture[str]) -> None:
     monkeypatch.setattr("gemmaforge.train.trainer.this_device", lambda: tiny_cpu(500 * 2**20))
@@ -341,6 +345,7 @@ def test_bf16_matmuls_in_fp32_leave_the_tracked_peak_and_the_dtypes_as_they_are(
     ("gemma4-unified", "bf16", True, {}),
     ("gemma2", "bf16", False, {}),  # eager attention: its T x T probabilities (measured: the plan 12% above)
 ])
+@pytest.mark.slow
 def test_the_plan_predicts_the_measured_peak_of_a_training_step(kind: str, precision: str, packing: bool,
                                                                 overrides: dict, tiny_gemma3_dir: Path,
                                                                 checkpoint_of, text_checkpoint_of,

@@ -43,6 +43,7 @@ def test_the_embedded_model_is_converted_once_under_gemmaforge_home(tmp_path: Pa
     assert first.revision == again.revision == f"sha256:{embedded.EXPECTED_SHA256}"
 
 
+@pytest.mark.slow
 def test_a_local_gguf_is_converted_once_to_a_cached_safetensors_copy(tmp_path: Path, tiny_gemma3_dir: Path,
                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     """A real conversion (about 35 s on 2 cores: transformers reads the 262k-token vocabulary of the file twice)

@@ -137,6 +137,7 @@ def test_the_monitor_never_logs_another_gpus_numbers(tmp_path: Path, monkeypatch
 
 @pytest.mark.parametrize(("fixture", "power", "problems"), [("rocm_smi_rx7900xtx.json", 302, False),
                                                             ("malformed_rocm_smi_bad_values.json", None, True)])
+@pytest.mark.slow
 def test_training_logs_what_the_gpu_tools_say(tmp_path: Path, tiny_gemma3_dir: Path, monkeypatch: pytest.MonkeyPatch,
                                              capsys: pytest.CaptureFixture[str], fixture: str, power: int | None,
                                              problems: bool) -> None:
@@ -155,6 +156,7 @@ def test_training_logs_what_the_gpu_tools_say(tmp_path: Path, tiny_gemma3_dir: P
         assert "(shown as unknown)" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_out_of_memory_stops_with_the_planners_advice(tmp_path: Path, tiny_gemma3_dir: Path,
                                                       monkeypatch: pytest.MonkeyPatch,
                                                       capsys: pytest.CaptureFixture[str]) -> None:

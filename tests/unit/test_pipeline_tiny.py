@@ -29,6 +29,7 @@ def tiny_run(tmp_path_factory: pytest.TempPathFactory, tiny_gemma3_dir: Path) ->
     return tmp / "run", before
 
 
+@pytest.mark.slow
 def test_run_dir_contract(tiny_run: tuple[Path, str]) -> None:
     run, _ = tiny_run
     for name in ("run.yaml", "manifest.json", "metrics.jsonl", "loss.png", "adapter/adapter_config.json",
@@ -40,6 +41,7 @@ def test_run_dir_contract(tiny_run: tuple[Path, str]) -> None:
     assert not list(run.rglob("*.tmp")), "no temporary file may survive a successful run"
 
 
+@pytest.mark.slow
 def test_manifest_records_versions_base_and_stages(tiny_run: tuple[Path, str], tiny_gemma3_dir: Path) -> None:
     manifest = json.loads((tiny_run[0] / "manifest.json").read_text())
     assert manifest["template_family"] == "gemma3"
@@ -62,6 +64,7 @@ def test_manifest_records_versions_base_and_stages(tiny_run: tuple[Path, str], t
     assert run_yaml["train"]["lr_scheduler_type"] == "linear" and run_yaml["lora"]["use_dora"] is False
 
 
+@pytest.mark.slow
 def test_metrics_have_one_row_per_log_step(tiny_run: tuple[Path, str]) -> None:
     rows = [json.loads(line) for line in (tiny_run[0] / "metrics.jsonl").read_text().splitlines()]
     train_rows = [r for r in rows if "loss" in r]
@@ -71,6 +74,7 @@ def test_metrics_have_one_row_per_log_step(tiny_run: tuple[Path, str]) -> None:
     assert [r["step"] for r in rows if "eval_loss" in r] == [2, 4]
 
 
+@pytest.mark.slow
 def test_base_unchanged_lora_trained_merge_applies_it(tiny_run: tuple[Path, str], tiny_gemma3_dir: Path) -> None:
     run, before = tiny_run
     assert hashlib.sha256((tiny_gemma3_dir / "model.safetensors").read_bytes()).hexdigest() == before
@@ -92,6 +96,7 @@ def test_base_unchanged_lora_trained_merge_applies_it(tiny_run: tuple[Path, str]
         assert changed == any(f"{t}.weight" in name for t in TARGETS), name
 
 
+@pytest.mark.slow
 def test_merged_tokenizer_renders_the_training_format(tiny_run: tuple[Path, str]) -> None:
     from transformers import AutoTokenizer
 
@@ -109,6 +114,7 @@ def test_merged_tokenizer_renders_the_training_format(tiny_run: tuple[Path, str]
     assert 106 in generation["eos_token_id"] and tokenizer.convert_ids_to_tokens(106) == "<end_of_turn>"
 
 
+@pytest.mark.slow
 def test_modelfile_points_at_q8_and_stops_at_end_of_turn(tiny_run: tuple[Path, str]) -> None:
     text = (tiny_run[0] / "ollama" / "Modelfile").read_text()
     assert "\nFROM ../gguf/model-q8_0.gguf\n" in text
@@ -135,6 +141,7 @@ def test_modelfile_carries_the_training_system_prompt(tmp_path: Path) -> None:
     assert 'SYSTEM """B"""' in render_modelfile("x.gguf", FAMILIES["gemma3"], config)
 
 
+@pytest.mark.slow
 def test_stages_run_alone_on_the_run_dir(tiny_run: tuple[Path, str]) -> None:
     run = tiny_run[0]
     (run / "ollama" / "Modelfile").unlink()
@@ -145,6 +152,7 @@ def test_stages_run_alone_on_the_run_dir(tiny_run: tuple[Path, str]) -> None:
     (run / "gguf" / "model-f32.gguf").unlink()  # the module's later verify runs read each file back: keep two
 
 
+@pytest.mark.slow
 def test_export_verify_reads_back_and_compares_every_gguf(tiny_run: tuple[Path, str]) -> None:
     pytest.importorskip("llama_cpp")
     run = tiny_run[0]
@@ -163,6 +171,7 @@ def test_export_verify_reads_back_and_compares_every_gguf(tiny_run: tuple[Path, 
     assert stage["status"] == "done" and set(stage["files"]) == set(files)
 
 
+@pytest.mark.slow
 def test_export_verify_fails_on_an_f16_file_of_another_model(tiny_run: tuple[Path, str], tmp_path: Path,
                                                              embedded_model,
                                                              capsys: pytest.CaptureFixture[str]) -> None:
@@ -182,6 +191,7 @@ def test_export_verify_fails_on_an_f16_file_of_another_model(tiny_run: tuple[Pat
         (run / "gguf" / "model-f16.gguf").write_bytes(original)
 
 
+@pytest.mark.slow
 def test_split_export_is_verified_and_kept_from_ollama(tiny_run: tuple[Path, str],
                                                        capsys: pytest.CaptureFixture[str]) -> None:
     """A split q8_0 export: verify reads every shard and runs the set in llama.cpp; the Modelfile refuses it
@@ -209,6 +219,7 @@ def test_split_export_is_verified_and_kept_from_ollama(tiny_run: tuple[Path, str
     assert sorted(p.name for p in gguf_dir.glob("model-q8_0*")) == ["model-q8_0.gguf"]
 
 
+@pytest.mark.slow
 def test_a_bf16_base_merges_into_bf16_weights(tmp_path: Path, tiny_gemma3_dir: Path,
                                               monkeypatch: pytest.MonkeyPatch) -> None:
     """README (`gemmaforge merge`): the merge copies the base's files, adds each adapted weight in fp32 and stores
@@ -250,6 +261,7 @@ def test_a_bf16_base_merges_into_bf16_weights(tmp_path: Path, tiny_gemma3_dir: P
 
 
 @pytest.mark.parametrize("variant", ["use_rslora", "use_dora"])
+@pytest.mark.slow
 def test_rslora_and_dora_merge_into_what_the_adapter_computes(tmp_path: Path, tiny_gemma3_dir: Path,
                                                               variant: str) -> None:
     from peft import PeftModel
@@ -270,6 +282,7 @@ def test_rslora_and_dora_merge_into_what_the_adapter_computes(tmp_path: Path, ti
     assert (want - base).abs().max() > 1e-3  # the adapter changed the model
 
 
+@pytest.mark.slow
 def test_merge_of_a_qlora_run_reloads_the_base_in_full_precision(tiny_run: tuple[Path, str], tmp_path: Path) -> None:
     """A run whose config says model.load_in_4bit merges on this machine (no GPU, no 4-bit kernels) into the
     same weights: merge never reads the setting, it reloads the base in full precision."""

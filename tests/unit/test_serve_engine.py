@@ -22,6 +22,7 @@ async def deltas_of(log: list[tuple[int, Event]], index: int, count: int) -> Non
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 @pytest.mark.parametrize("family", ["gemma", "gemma2", "gemma3", "gemma4"])
+@pytest.mark.slow
 def test_batched_answers_equal_transformers_generate(family: str, dtype: torch.dtype, text_checkpoint_of) -> None:
     """Three requests: the second is sent once the first has streamed 3 pieces, the third once the second
     has streamed 3; each joins the running batch mid-flight and they share decoding steps. The first one's
@@ -87,6 +88,7 @@ def test_batched_answers_equal_transformers_generate(family: str, dtype: torch.d
 
 @pytest.mark.parametrize("split", [False, True], ids=["one-forward", "split"])
 @pytest.mark.parametrize("family", ["gemma2", "gemma3", "gemma4"])
+@pytest.mark.slow
 def test_requests_that_arrive_together_are_prefilled_together(family: str, split: bool, text_checkpoint_of) -> None:
     """Three prompts of different lengths submitted between two steps are prefilled in one left-padded
     forward, or, with max_prefill_tokens at twice the middle length, the two shorter together and the

@@ -9,6 +9,7 @@ import pytest
 from gemmaforge.models import default_home
 
 
+@pytest.mark.slow
 def test_dtype_auto_serves_bf16_where_the_hardware_has_it(tiny_gemma3_dir: Path,
                                                           monkeypatch: pytest.MonkeyPatch) -> None:
     """`serve` without --dtype is auto: bf16 weights when the bf16 probe finds hardware bf16, else fp32."""

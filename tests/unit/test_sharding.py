@@ -116,6 +116,7 @@ def test_each_strategy_shares_out_the_model_state(tiny_gemma3_dir: Path, tmp_pat
         assert ddp[name] == zero2[name] == fsdp[name] == single[name]
 
 
+@pytest.mark.slow
 def test_plan_verb_per_rank(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["plan", str(QUICKSTART), "--gpu-memory", "24GiB", "--nproc", "4", "--strategy", "fsdp2",
                  "--json"]) == 0

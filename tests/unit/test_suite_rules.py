@@ -30,7 +30,7 @@ def test_runs():
 MODULE_PROBE = 'import pytest\n\npytest.importorskip("a_module_that_is_not_installed")\n\n\ndef test_x():\n    pass\n'
 
 
-def run_probe(tmp_path: Path, source: str, strict: bool) -> str:
+def run_probe(tmp_path: Path, source: str, strict: bool, limit: float = 10) -> str:
     """pytest's closing line for a probe file run through tests/conftest.py."""
     folder = tmp_path / ("strict" if strict else "plain")
     folder.mkdir(exist_ok=True)
@@ -38,8 +38,9 @@ def run_probe(tmp_path: Path, source: str, strict: bool) -> str:
     env = {k: v for k, v in os.environ.items() if k != "GEMMAFORGE_REQUIRE_REFERENCES"}
     if strict:
         env["GEMMAFORGE_REQUIRE_REFERENCES"] = "1"
+    options = ["-o", "addopts=--strict-markers", "-o", f"fast_test_limit={limit}", "--rootdir", str(folder)]
     proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "tests.conftest", "-p", "no:cacheprovider",
-                           "-o", "addopts=", "--rootdir", str(folder), str(folder)],
+                           *options, str(folder)],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
     return proc.stdout.strip().splitlines()[-1]
 
@@ -52,3 +53,44 @@ def test_in_ci_a_skip_fails_unless_the_test_says_it_can_never_run_there(tmp_path
 def test_in_ci_a_module_skipped_at_import_fails(tmp_path: Path) -> None:
     assert "1 error" in run_probe(tmp_path, MODULE_PROBE, strict=True)
     assert run_probe(tmp_path, MODULE_PROBE, strict=False).startswith("1 skipped")
+
+
+TIMED_PROBE = '''
+import time
+
+import pytest
+
+
+@pytest.fixture(scope="module")
+def built():
+    time.sleep(1.0)
+
+
+@pytest.fixture
+def made():
+    time.sleep(0.3)
+
+
+def test_quick(made):
+    pass
+
+
+def test_slow_call(made):
+    time.sleep(0.3)
+
+
+@pytest.mark.slow
+def test_marked(built):
+    pass
+
+
+def test_slow_module_fixture(built):
+    pass
+'''
+
+
+def test_in_ci_a_slow_test_outside_the_slow_tier_fails(tmp_path: Path) -> None:
+    # With a 0.4 s limit: a call and function fixture over it, or a module fixture over twice it, fail a test not
+    # marked slow (the module fixture counts even where a marked test set it up first, as the fast tier pays it).
+    assert run_probe(tmp_path, TIMED_PROBE, strict=True, limit=0.4).startswith("2 failed, 2 passed")
+    assert run_probe(tmp_path, TIMED_PROBE, strict=False, limit=0.4).startswith("4 passed")

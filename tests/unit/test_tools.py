@@ -169,6 +169,7 @@ def supervised(tokenizer, messages, family, **options) -> str:
     return tokenizer.decode([i for i, label in zip(ids, labels, strict=True) if label != IGNORE_INDEX])
 
 
+@pytest.mark.slow
 def test_loss_covers_what_the_model_writes_never_the_tool_results(tokenizer, gemma4_tokenizer) -> None:
     g4 = supervised(gemma4_tokenizer, CONVERSATIONS["one call"], GEMMA4)
     assert g4 == (gemma4_call(CALL) + "<|tool_response>" + "31 °C and sunny: an iced latte.<turn|>")

@@ -20,6 +20,7 @@ from gemmaforge.train.checkpoints import MARKER
 from tests.helpers import adapter_tensors, manifest_train, run_config, write_config
 
 
+@pytest.mark.slow
 def test_sigkill_then_same_command_resumes_from_the_last_complete_checkpoint(tmp_path: Path, tiny_gemma3_dir) -> None:
     """With dropout and evaluation on, the resumed run equals the uninterrupted one only if the checkpoint
     restores the RNG (dropout masks), the optimizer and the data position."""
@@ -59,6 +60,7 @@ def test_sigkill_then_same_command_resumes_from_the_last_complete_checkpoint(tmp
     assert all(torch.allclose(a[k], b[k], rtol=1e-4, atol=1e-6) for k in a), "resumed run differs from a straight run"
 
 
+@pytest.mark.slow
 def test_the_same_command_after_a_finished_training_trains_nothing_more(tmp_path: Path, tiny_gemma3_dir,
                                                                         capsys: pytest.CaptureFixture[str]) -> None:
     """`gemmaforge run` again after a later stage failed resumes train from its final checkpoint: no step beyond
@@ -81,6 +83,7 @@ def test_the_same_command_after_a_finished_training_trains_nothing_more(tmp_path
     assert first.keys() == again.keys() and all(torch.equal(first[k], again[k]) for k in first)
 
 
+@pytest.mark.slow
 def test_non_finite_loss_stops_with_a_diagnosis(tmp_path: Path, tiny_gemma3_dir,
                                                 capsys: pytest.CaptureFixture[str]) -> None:
     config = write_config(tmp_path, tiny_gemma3_dir, max_steps=12, learning_rate=1e9, max_grad_norm=1e9,
@@ -113,6 +116,7 @@ def test_losses_are_read_back_at_logs_and_checkpoints_naming_the_first_bad_step(
         SupervisedLossTrainer._save_checkpoint(trainer)  # raised before the Trainer's save could run
 
 
+@pytest.mark.slow
 def test_checkpointing_left_to_auto_is_turned_on_where_only_it_fits(tmp_path: Path, tiny_gemma3_dir,
                                                                      monkeypatch: pytest.MonkeyPatch,
                                                                      capsys: pytest.CaptureFixture[str]) -> None:
@@ -144,6 +148,7 @@ def test_checkpointing_left_to_auto_is_turned_on_where_only_it_fits(tmp_path: Pa
     assert "this config cannot fit" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_early_stopping_restores_the_best_checkpoint(tmp_path: Path, tiny_gemma3_dir,
                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     config = write_config(tmp_path, tiny_gemma3_dir, max_steps=12, learning_rate=0.5, save_steps=1, eval_steps=1,
@@ -247,6 +252,7 @@ def gemma4_losses(checkpointing: bool, steps: int = 30) -> list[float]:
     return losses
 
 
+@pytest.mark.slow
 def test_tiny_gemma4_learns_with_gradient_checkpointing() -> None:
     """Gemma 4 shares KV across layers through the cache; with checkpointing and no cache that broke
     in some transformers versions (loss 10-16, garbage logits). Here the loss starts at ln(vocab),
@@ -258,6 +264,7 @@ def test_tiny_gemma4_learns_with_gradient_checkpointing() -> None:
     assert with_checkpointing == pytest.approx(without, rel=1e-4)
 
 
+@pytest.mark.slow
 def test_packed_rows_take_the_packed_attention_in_every_family(text_checkpoint_of, tiny_gemma3_dir: Path,
                                                                tmp_path: Path) -> None:
     """README: Gemma 2 trains padded batches with eager attention (SDPA ignores its attention soft-capping); packed
@@ -314,6 +321,7 @@ def test_every_training_arguments_name_of_the_train_section_reaches_training_arg
     assert args.report_to == [] and not args.load_best_model_at_end
 
 
+@pytest.mark.slow
 def test_modules_to_save_trains_the_whole_module_into_the_adapter(tmp_path: Path, tiny_gemma3_dir) -> None:
     """README (`lora`): `modules_to_save` trains whole modules beside the LoRA weights and saves them with the
     adapter: lm_head here, tied to the embedding in Gemma, so the adapter holds its own trained copy."""
@@ -330,6 +338,7 @@ def test_modules_to_save_trains_the_whole_module_into_the_adapter(tmp_path: Path
     assert not torch.equal(heads[0].float(), embedding.float())  # trained, not the base's copy
 
 
+@pytest.mark.slow
 def test_bias_all_on_a_multimodal_checkpoint_is_refused_before_loading(tmp_path: Path, checkpoint_of,
                                                                       capsys: pytest.CaptureFixture[str]) -> None:
     """PEFT's bias="all" marks every bias trainable, the vision tower's included (Gemma's decoder has none)."""

@@ -47,6 +47,7 @@ def official_processor(kind: str, folder: Path, tokenizer) -> object:
 
 
 @pytest.mark.parametrize("kind", ["gemma3-mm", "gemma4-e2b", "gemma4-dense"])
+@pytest.mark.slow
 def test_image_prompts_equal_the_official_processor_and_generate(kind: str, checkpoint_of) -> None:
     from transformers import AutoModelForImageTextToText, AutoTokenizer
 
