@@ -121,3 +121,24 @@ def full_trainable_state(model: Any) -> dict[str, Any]:
         else:
             state[name] = param.detach().cpu()
     return state
+
+
+def rank_model_state(model: Any, optimizer: Any) -> dict[str, int]:
+    """The model state this rank holds, in bytes, measured from its own tensors: what the memory plan's `weights`
+    and `trainable` terms predict for one rank of a strategy. weights: the frozen parameters' local shards;
+    trainable: each trainable parameter's local shard, its optimizer state (AdamW's two moments), and its gradient,
+    which has the parameter's size and sharding at a step's peak (freed by the time training returns)."""
+    from torch.distributed.tensor import DTensor
+
+    def local_bytes(tensor: Any) -> int:
+        tensor = tensor.to_local() if isinstance(tensor, DTensor) else tensor
+        return tensor.numel() * tensor.element_size()
+
+    weights = trainable = 0
+    for param in model.parameters():
+        if not param.requires_grad:
+            weights += local_bytes(param)
+            continue
+        moments = optimizer.state.get(param, {}).values()
+        trainable += 2 * local_bytes(param) + sum(local_bytes(m) for m in moments if m.dim() > 0)
+    return {"weights": weights, "trainable": trainable}

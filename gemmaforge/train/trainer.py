@@ -32,7 +32,13 @@ from gemmaforge.train.memory_plan import Plan, Planner, plan_summary, resolved_p
 from gemmaforge.train.packed_attention import use_kernels
 from gemmaforge.train.packing import PackedCollator, pack_examples
 from gemmaforge.train.preflight import preflight
-from gemmaforge.train.sharding import check_strategy, full_trainable_state, planned_as, show_tied_embedding
+from gemmaforge.train.sharding import (
+    check_strategy,
+    full_trainable_state,
+    planned_as,
+    rank_model_state,
+    show_tied_embedding,
+)
 from gemmaforge.train.troubleshoot import (
     StepClock,
     diagnose_non_finite,
@@ -253,6 +259,8 @@ def train(run: RunDir, config: RunConfig, base: ResolvedModel) -> dict[str, Any]
         "supervised_tokens_per_second": round(supervised / runtime, 1),
         "peak_memory_bytes": peak_memory_bytes(),
         "planned_peak_bytes": plan.peak_bytes if plan else None,
+        "planned_parts": plan.parts if plan else None,
+        "model_state_bytes": rank_model_state(model, trainer.optimizer),  # this rank's, against the planned parts
         "data_wait_share": round(clock.data_wait_share, 3),
         "padding_share": round(trainer.padding_share, 3),
         "gradient_checkpointing": config.train.gradient_checkpointing,
