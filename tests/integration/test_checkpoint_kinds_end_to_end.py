@@ -166,18 +166,41 @@ def test_serve_answers_from_the_run_and_its_gguf(trained) -> None:
             tuned = client.chat(model="tuned", messages=messages, options={"temperature": 0, "num_predict": 8})
             assert tuned.message.content == reference_answer(registry, "tuned", messages, 8)
             gguf = client.chat(model="gguf", messages=messages, options={"temperature": 0, "num_predict": 8})
-            assert gguf.done and gguf.eval_count >= 1
+            assert gguf.message.content == gguf_reference_answer(registry, messages, 8, run / "merged")
     finally:
         registry.close()
 
 
-def test_export_gguf_of_a_multimodal_folder_writes_text_and_projector(checkpoint_of, tmp_path: Path) -> None:
-    """`gemmaforge export gguf PATH` on a Hugging Face folder not trained here, as downloaded from the Hub."""
+def gguf_reference_answer(registry, messages: list[dict[str, str]], n: int, merged: Path) -> str:
+    """llama.cpp's own greedy continuation of the "gguf" model's served prompt, as the merged folder's tokenizer
+    encodes it, up to a stop token."""
+    from transformers import AutoTokenizer
+
+    from gemmaforge.serve.protocol import chat_prompt
+
+    served = registry.get("gguf")
+    ids = AutoTokenizer.from_pretrained(merged)(chat_prompt(served, messages), add_special_tokens=False).input_ids
+    tokens = greedy(load(served.engine.path, logits_all=True), ids, n)
+    kept = tokens[:next((i for i, t in enumerate(tokens) if t in served.engine.stops), n)]
+    return served.engine.llm.detokenize(kept).decode()
+
+
+def test_export_gguf_of_a_multimodal_folder_writes_text_and_projector(checkpoint_of, text_gguf_of, mmproj_of,
+                                                                      tmp_path: Path) -> None:
+    """`gemmaforge export gguf PATH` on a Hugging Face folder not trained here, as downloaded from the Hub: its text
+    file and its projector carry the tensors (names, types, data) of the files the exporter writes for the same
+    checkpoint, named after the folder."""
     import shutil
 
     folder = shutil.copytree(checkpoint_of("gemma3-mm"), tmp_path / "gemma-3-4b-it")
     assert main(["export", "gguf", str(folder)]) == 0
-    assert (folder / "gemma-3-4b-it-f16.gguf").is_file() and (folder / "mmproj-gemma-3-4b-it-f16.gguf").is_file()
+    pairs = ((folder / "gemma-3-4b-it-f16.gguf", text_gguf_of("gemma3-mm")),
+             (folder / "mmproj-gemma-3-4b-it-f16.gguf", mmproj_of("gemma3-mm")))
+    for path, reference in pairs:
+        ours, theirs = read_gguf(path), read_gguf(reference)
+        assert [(t.name, t.tensor_type) for t in ours.tensors] == [(t.name, t.tensor_type) for t in theirs.tensors]
+        for mine, want in zip(ours.tensors, theirs.tensors):
+            assert np.array_equal(mine.data, want.data), mine.name
 
 
 def test_moe_goes_through_the_k_quantizer(text_gguf_of, tmp_path: Path) -> None:
