@@ -146,8 +146,38 @@ def _encode(mtmd, ctx, bitmap, n_embd: int) -> np.ndarray:
         mtmd.mtmd_input_chunks_free(chunks)
 
 
+def _bitmap(mtmd, rgb: np.ndarray):
+    return mtmd.mtmd_bitmap_init(rgb.shape[1], rgb.shape[0], rgb.ctypes.data_as(ctypes.POINTER(ctypes.c_uint8)))
+
+
+def _clip(mtmd, hz: float):
+    """One second of a tone at llama.cpp's 16 kHz."""
+    t = np.arange(16000, dtype=np.float32) / 16000
+    wave = (0.3 * np.sin(2 * np.pi * hz * t)).astype(np.float32)
+    return mtmd.mtmd_bitmap_init_from_audio(len(wave), wave.ctypes.data_as(ctypes.POINTER(ctypes.c_float)))
+
+
+def _encoded_twice_and_another(mtmd, ctx, n_embd: int, first, second) -> np.ndarray:
+    """Each input gives finite embeddings, the same ones when encoded again, and other ones than the other input
+    (its content reaches them)."""
+    try:
+        a = _encode(mtmd, ctx, first, n_embd)
+        assert np.isfinite(a).all() and np.array_equal(_encode(mtmd, ctx, first, n_embd), a)
+        b = _encode(mtmd, ctx, second, n_embd)
+        assert np.isfinite(b).all() and (a.shape != b.shape or not np.allclose(a, b, rtol=1e-3, atol=1e-3))
+    finally:
+        mtmd.mtmd_bitmap_free(first)
+        mtmd.mtmd_bitmap_free(second)
+    return a
+
+
 @pytest.mark.parametrize("kind", KINDS)
-def test_llama_cpp_loads_the_projector_beside_the_text_model(kind: str, mmproj_of, text_gguf_of) -> None:
+def test_llama_cpp_loads_the_projector_beside_the_text_model(kind: str, checkpoint_of, mmproj_of,
+                                                            text_gguf_of) -> None:
+    """llama.cpp's mtmd loads our projector beside our text file and encodes an image (and audio where the kind has
+    it): finite, repeatable embeddings that follow the input; Gemma 3's image is its fixed mm_tokens_per_image."""
+    import json
+
     from llama_cpp import mtmd_cpp as mtmd
 
     text = text_gguf_of(kind)
@@ -160,20 +190,14 @@ def test_llama_cpp_loads_the_projector_beside_the_text_model(kind: str, mmproj_o
         assert mtmd.mtmd_support_vision(ctx)
         assert mtmd.mtmd_support_audio(ctx) == ("audio" in KINDS[kind])
         n_embd = llama_cpp.llama_model_n_embd(llm.model)
-        rgb = np.random.default_rng(0).integers(0, 256, size=(48, 64, 3), dtype=np.uint8)
-        image = mtmd.mtmd_bitmap_init(64, 48, rgb.ctypes.data_as(ctypes.POINTER(ctypes.c_uint8)))
-        try:
-            assert np.isfinite(_encode(mtmd, ctx, image, n_embd)).all()
-        finally:
-            mtmd.mtmd_bitmap_free(image)
+        rng = np.random.default_rng(0)
+        rgb = [rng.integers(0, 256, size=(48, 64, 3), dtype=np.uint8) for _ in range(2)]
+        image = _encoded_twice_and_another(mtmd, ctx, n_embd, _bitmap(mtmd, rgb[0]), _bitmap(mtmd, rgb[1]))
+        if kind == "gemma3-mm":
+            config = json.loads((checkpoint_of(kind) / "config.json").read_text())
+            assert len(image) == config["mm_tokens_per_image"]
         if "audio" in KINDS[kind]:
-            t = np.arange(16000, dtype=np.float32) / 16000  # one second at llama.cpp's 16 kHz
-            wave = (0.3 * np.sin(2 * np.pi * 440 * t)).astype(np.float32)
-            clip = mtmd.mtmd_bitmap_init_from_audio(len(wave), wave.ctypes.data_as(ctypes.POINTER(ctypes.c_float)))
-            try:
-                assert np.isfinite(_encode(mtmd, ctx, clip, n_embd)).all()
-            finally:
-                mtmd.mtmd_bitmap_free(clip)
+            _encoded_twice_and_another(mtmd, ctx, n_embd, _clip(mtmd, 440), _clip(mtmd, 1000))
     finally:
         mtmd.mtmd_free(ctx)
         llm.close()
