@@ -108,7 +108,7 @@ def launch_and_watch(walk: Walk, runs: Path) -> None:
     walk.tab("Curves")
     metrics = run / "metrics.jsonl"
     for rows in (2, 6):
-        wait_file(lambda: metric_rows(metrics) >= rows, 1200)
+        wait_file(lambda rows=rows: metric_rows(metrics) >= rows, 1200)
         drawn(page, "quickstart-ui: loss")
         time.sleep(2 * 3.0)  # two refreshes of the page
         walk.seen[f"curve_after_{rows}_rows"] = True

@@ -218,7 +218,7 @@ def parse_default_calls(text: str) -> tuple[str, list[ToolCall]]:
     calls = []
     for match in matches:
         try:
-            arguments = json.loads(match.group(2).strip().strip('"').strip("```"))
+            arguments = json.loads(match.group(2).strip().strip('"').strip("`"))
         except json.JSONDecodeError:
             return text, []
         if not isinstance(arguments, dict):
