@@ -15,12 +15,22 @@ def world_size() -> int:
     return int(os.environ.get("WORLD_SIZE", "1"))
 
 
+def rank() -> int:
+    """This process's rank among all (0 when not launched)."""
+    return int(os.environ.get("RANK", "0"))
+
+
+def local_rank() -> int:
+    """This process's rank on its node (0 when not launched): its GPU's index."""
+    return int(os.environ.get("LOCAL_RANK", "0"))
+
+
 _per_node = False  # set once the run directory is known not to be shared between the nodes
 
 
 def is_main_process() -> bool:
     """The process that writes the run directory: rank 0, or each node's first process when nodes do not share it."""
-    return int(os.environ.get("LOCAL_RANK" if _per_node else "RANK", "0")) == 0
+    return (local_rank() if _per_node else rank()) == 0
 
 
 def node_count() -> int:

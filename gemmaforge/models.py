@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from gemmaforge.console import console
+from gemmaforge.distributed import local_rank
 from gemmaforge.errors import UserError
 from gemmaforge.families import Family
 from gemmaforge.model_spec import ModelSpec, read_spec
@@ -89,7 +90,7 @@ def load_causal_lm(model_dir: Path, spec: ModelSpec, dtype: Any = None, load_in_
     return model_class.from_pretrained(
         model_dir, dtype=dtype or torch.float32, attn_implementation=attention,
         quantization_config=four_bit_config(dtype or torch.float32, shard_4bit) if load_in_4bit else None,
-        device_map={"": int(os.environ.get("LOCAL_RANK", "0"))} if load_in_4bit else None,
+        device_map={"": local_rank()} if load_in_4bit else None,
     )
 
 

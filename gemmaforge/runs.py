@@ -23,7 +23,7 @@ from typing import Any
 
 from gemmaforge.config import RunConfig, dump_config, load_config
 from gemmaforge.console import console
-from gemmaforge.distributed import barrier, gather, is_main_process, node_count, write_per_node
+from gemmaforge.distributed import barrier, gather, is_main_process, local_rank, node_count, rank, write_per_node
 from gemmaforge.errors import UserError
 
 _VERSIONED_PACKAGES = ("gemmaforge", "torch", "transformers", "peft", "accelerate", "gguf", "safetensors")
@@ -105,15 +105,15 @@ class RunDir:
         first process looks for it. Called by every rank of a multi-node run."""
         probe = self.root / ".gemmaforge-node-probe"
         token = gather(uuid.uuid4().hex)[0]  # rank 0's
-        if int(os.environ.get("RANK", "0")) == 0:
+        if rank() == 0:
             atomic_write_text(probe, token)
         barrier()
-        seen = int(os.environ.get("LOCAL_RANK", "0")) != 0 or (probe.is_file() and probe.read_text() == token)
+        seen = local_rank() != 0 or (probe.is_file() and probe.read_text() == token)
         shared = all(gather(seen))
         barrier()  # everyone has looked
-        if int(os.environ.get("RANK", "0")) == 0:
+        if rank() == 0:
             probe.unlink(missing_ok=True)
-        if not shared and int(os.environ.get("LOCAL_RANK", "0")) == 0:
+        if not shared and local_rank() == 0:
             console.print(f"[yellow]gemmaforge[/]: the nodes do not share {self.root}: each node prepares the data "
                           "and keeps its own run directory and checkpoints")
         return shared

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 from gemmaforge.console import console, escape
+from gemmaforge.distributed import local_rank
 from gemmaforge.system.gpu_tools import TOOLS, GpuQuery, GpuReading, query_gpus
 from gemmaforge.system.memory import resident_bytes
 from gemmaforge.system.rocm import visible_order
@@ -48,7 +49,7 @@ class DeviceMonitor:
                  index: int | None = None):
         self.interval_s = interval_s
         self.query = query or (lambda: query_gpus(tools_for_this_torch()))
-        self.index = visible_index(int(os.environ.get("LOCAL_RANK", "0"))) if index is None else index
+        self.index = visible_index(local_rank()) if index is None else index
         self.reading: GpuReading | None = None
         self.reported: set[str] = set()
         self.problems: list[str] = []

@@ -29,13 +29,13 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import re
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from gemmaforge.config import RunConfig
+from gemmaforge.distributed import local_rank
 from gemmaforge.errors import UserError
 from gemmaforge.models import ResolvedModel, load_tokenizer
 from gemmaforge.system.memory import available_ram, resident_bytes
@@ -315,7 +315,7 @@ def this_device(gpu_memory: int | None = None) -> Device:
     if gpu_memory is not None:
         return Device("gpu", f"a GPU with {gib(gpu_memory)}", gpu_memory, GPU_CONTEXT_BYTES)
     if torch.cuda.is_available():
-        index = int(os.environ.get("LOCAL_RANK", "0"))  # each rank of a launched run plans for its own GPU
+        index = local_rank()  # each rank of a launched run plans for its own GPU
         free, _total = torch.cuda.mem_get_info(index)  # after the context is made: free excludes it
         return Device("gpu", torch.cuda.get_device_name(index), int(free), 0)
     rss = resident_bytes()

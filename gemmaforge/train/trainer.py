@@ -9,7 +9,7 @@ from typing import Any
 from gemmaforge.config import RunConfig
 from gemmaforge.console import console, escape
 from gemmaforge.data.prepare import read_prepared, read_prepared_images
-from gemmaforge.distributed import gather, is_main_process, world_size, writes_per_node
+from gemmaforge.distributed import gather, is_main_process, local_rank, world_size, writes_per_node
 from gemmaforge.errors import StageError, UserError
 from gemmaforge.families import Family
 from gemmaforge.models import ResolvedModel, default_home, load_tokenizer
@@ -279,7 +279,7 @@ def attention_kernels(config: RunConfig, model: Any, first_batch: dict[str, Any]
     """The attention kernel of each layer (train.attention; `auto` measures on a GPU), said and applied."""
     import torch
 
-    device = (torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0"))) if torch.cuda.is_available()
+    device = (torch.device("cuda", local_rank()) if torch.cuda.is_available()
               else torch.device("cpu"))
     choice = choose_kernels(config.train.attention, model, device, model.dtype, first_batch["segments"],
                             default_home())

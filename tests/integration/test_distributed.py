@@ -111,13 +111,14 @@ def test_every_rank_saves_the_same_adapter_sharded_or_not(runs: dict[str, dict])
 
 @pytest.mark.parametrize("recipe", ["one", "ddp", "fsdp2"])
 def test_the_plan_per_rank_holds_within_20_percent(runs: dict[str, dict], recipe: str) -> None:
-    """`train` plans one rank of the launcher's world under its strategy; the measured peak of that rank (its
-    resident memory on the CPU) is within the planner's +-20%. On a tiny model that peak is mostly the runtime term,
-    so the terms a strategy shares out are held on their own: the frozen weights and the trainable state (values,
-    gradients, AdamW moments) that rank 0 holds, measured from its tensors, are the planned terms within 2% (FSDP2
-    pads a shard to whole rows of dim 0)."""
+    """`train` plans one rank of the launcher's world under its strategy; the measured peak of a launched rank (its
+    resident memory on the CPU; "one" trains inside this test process, whose memory is not its own) is within the
+    planner's +-20%. On a tiny model that peak is mostly the runtime term, so the terms a strategy shares out are
+    held on their own: the frozen weights and the trainable state (values, gradients, AdamW moments) that rank 0
+    holds, measured from its tensors, are the planned terms within 2% (FSDP2 pads a shard to whole rows of dim 0)."""
     record = runs[recipe]["record 2"]
-    assert 0.8 <= record["peak_memory_bytes"] / record["planned_peak_bytes"] <= 1.2, record
+    if recipe != "one":
+        assert 0.8 <= record["peak_memory_bytes"] / record["planned_peak_bytes"] <= 1.2, record
     planned, measured = record["planned_parts"], record["model_state_bytes"]
     for term in ("weights", "trainable"):
         assert measured[term] == pytest.approx(planned[term], rel=0.02), (term, measured, planned)

@@ -75,6 +75,7 @@ def test_adapted_tower_and_projector_reach_the_merged_model_and_projector_gguf(k
         capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_adapting_a_vision_part_of_a_text_model_is_refused(tiny_gemma3_dir: Path, tmp_path: Path, capsys) -> None:
     from tests.helpers import write_dataset
 
