@@ -27,7 +27,7 @@ from safetensors import safe_open
 from gemmaforge.config import GGUF_QUANTS, NO_SPLIT, Split
 from gemmaforge.errors import UserError
 from gemmaforge.export.gguf_shards import gguf_file, gguf_parts, split_gguf_file
-from gemmaforge.export.gguf_vocab import Vocab, load_vocab
+from gemmaforge.export.gguf_vocab import ADDED_TOKEN_SCORE, Vocab, bpe_tokens, load_vocab
 from gemmaforge.export.quantize import K_QUANTS, llama_cpp_quantize, quantizer
 from gemmaforge.model_spec import ModelSpec, read_spec, text_weight_name
 from gemmaforge.system.memory import return_freed_memory
@@ -347,21 +347,17 @@ _GEMMA4_VISIBLE = {"<|channel>", "<channel|>", "<|tool_call>", "<tool_call|>", "
 
 
 def _gemma4_vocab_to_gguf(w: gguf.GGUFWriter, model_dir: Path, n_vocab: int, chat_template: str | None) -> None:
-    """Gemma 4's BPE vocabulary with its merges, written as llama.cpp's Gemma4Model writes it (through the
-    gguf package's own tokenizer.json reader)."""
-    from gguf.vocab import LlamaHfVocab
-
-    vocab = LlamaHfVocab(model_dir)
-    tokens, scores, types = [], [], []
-    for text, score, kind in vocab.all_tokens():
+    """Gemma 4's BPE vocabulary with its merges, written as llama.cpp's Gemma4Model writes it (tokens as the gguf
+    package's tokenizer.json reader gives them, every score -1000, merges and special ids by its SpecialVocab)."""
+    tokens, types = [], []
+    for text, kind in bpe_tokens(model_dir):
         tokens.append(text)
-        scores.append(score)
-        types.append(gguf.TokenType.USER_DEFINED if text.decode() in _GEMMA4_VISIBLE else kind)
+        types.append(gguf.TokenType.USER_DEFINED if text in _GEMMA4_VISIBLE else kind)
     if len(tokens) != n_vocab:
         raise UserError(f"{model_dir}/tokenizer.json has {len(tokens)} tokens, the embedding {n_vocab} rows")
     w.add_tokenizer_model("gemma4")
     w.add_token_list(tokens)
-    w.add_token_scores(scores)
+    w.add_token_scores([ADDED_TOKEN_SCORE] * len(tokens))  # BPE: the merges rank pairs, not scores
     w.add_token_types(types)
     special = gguf.SpecialVocab(model_dir, load_merges=True)
     special.chat_template = chat_template if chat_template is not None else special.chat_template
