@@ -14,9 +14,9 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from gemmaforge.compat.llamafactory import Translation, is_llamafactory, translate
 from gemmaforge.console import console, escape
 from gemmaforge.errors import UserError
-from gemmaforge.llamafactory_config import Translation, is_llamafactory, translate
 from gemmaforge.units import parse_decimal_size
 
 

@@ -60,7 +60,7 @@ def check_same_data_on_every_node(run: RunDir) -> None:
 
 
 def stage_train(run: RunDir, config: RunConfig, base: ResolvedModel) -> None:
-    from gemmaforge.train.trainer import train
+    from gemmaforge.recipe.trainer import train
 
     with run.stage("train") as record:
         record.update(train(run, config, base))

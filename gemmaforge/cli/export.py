@@ -8,10 +8,10 @@ from pathlib import Path
 
 from gemmaforge import pipeline
 from gemmaforge.cli.common import Parser, Verbs, positive_int, refuse_unless
+from gemmaforge.compat.llamafactory import check_template, merge_request
 from gemmaforge.config import GGUF_QUANTS, ExportConfig, RunConfig, Split, read_yaml
 from gemmaforge.console import console, escape
 from gemmaforge.errors import UserError
-from gemmaforge.llamafactory_config import check_template, merge_request
 from gemmaforge.models import ResolvedModel, resolve_model
 from gemmaforge.runs import RunDir
 from gemmaforge.units import parse_decimal_size

@@ -1,2 +1,2 @@
-"""LoRA supervised fine-tuning with transformers + PEFT: the training library (wrapping, loss, packing, patches,
-the memory planner) and the train recipe (trainer.py, troubleshoot.py)."""
+"""The training library: LoRA wrapping, loss, packing and collation, the patches, precision, checkpoints and the
+memory planner. The train stage's recipe that assembles them is `gemmaforge.recipe`."""

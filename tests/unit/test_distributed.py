@@ -15,8 +15,8 @@ from gemmaforge.cli import main
 from gemmaforge.config import load_config
 from gemmaforge.data import prepare
 from gemmaforge.models import resolve_model
+from gemmaforge.recipe import trainer
 from gemmaforge.runs import RunDir
-from gemmaforge.train import trainer
 from tests.helpers import write_config
 
 

@@ -19,7 +19,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("training library", ("gemmaforge.train",)),
     ("inference", ("gemmaforge.inference",)),
     ("data stage", ("gemmaforge.data",)),
-    ("train stage", ("gemmaforge.train.trainer", "gemmaforge.train.troubleshoot")),
+    ("train stage", ("gemmaforge.recipe.trainer", "gemmaforge.recipe.troubleshoot")),
     ("export stage", ("gemmaforge.export",)),
     ("evaluate stage", ("gemmaforge.evaluate",)),
     ("pipeline", ("gemmaforge.pipeline",)),
@@ -69,7 +69,8 @@ def test_no_module_imports_from_a_layer_above_its_own() -> None:
 def test_the_check_sees_imports_inside_functions(tmp_path: Path) -> None:
     tree = ast.parse("def f():\n    from gemmaforge.cli import main\n")
     assert imported(tree) == [("gemmaforge.cli", 2)]
-    assert layer_of("gemmaforge.train.trainer") > layer_of("gemmaforge.train.loss") > layer_of("gemmaforge.system.rocm")
+    assert layer_of("gemmaforge.recipe.trainer") > layer_of("gemmaforge.train.loss") \
+        > layer_of("gemmaforge.system.rocm")
 
 
 def test_the_readme_draws_these_layers() -> None:

@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from gemmaforge.cli import main
-from gemmaforge.llamafactory_config import IGNORED, REFUSED, TRANSLATED
+from gemmaforge.compat.llamafactory import IGNORED, REFUSED, TRANSLATED
 
 # the walkthrough's blocks (../shared/seeds, section 4.1 and 4.2) as its author wrote them, the two lines it leaves
 # commented out (model and dataset) filled in
@@ -116,7 +116,7 @@ def test_every_key_of_the_examples_is_in_one_table(llamafactory_data: Path) -> N
 
 def test_the_readme_states_every_key_of_the_tables() -> None:
     """README's LLaMA-Factory section names each translated, ignored and refused key, as the code's tables hold them."""
-    from gemmaforge.llamafactory_config import EXPORT_IGNORED, EXPORT_REFUSED, IGNORED_PREFIXES, PEFT_KEYS
+    from gemmaforge.compat.llamafactory import EXPORT_IGNORED, EXPORT_REFUSED, IGNORED_PREFIXES, PEFT_KEYS
 
     readme = (Path(__file__).parents[2] / "README.md").read_text(encoding="utf-8")
     section = readme.split("## LLaMA-Factory configs")[1].split("\n## ")[0]
@@ -364,7 +364,7 @@ def test_the_tables_hold_llamafactorys_own_arguments_and_defaults(llamafactory_d
 
     from transformers import TrainingArguments
 
-    from gemmaforge.llamafactory_config import DEFAULTS, IGNORED_PREFIXES
+    from gemmaforge.compat.llamafactory import DEFAULTS, IGNORED_PREFIXES
 
     fields = llamafactory_fields(llamafactory_data.parent / "src" / "llamafactory" / "hparams")
     assert len(fields) > 200 and "cutoff_len" in fields

@@ -16,10 +16,10 @@ from gemmaforge.config import RunConfig
 from gemmaforge.errors import UserError
 from gemmaforge.families import FAMILIES
 from gemmaforge.models import resolve_model
+from gemmaforge.recipe.trainer import check_memory
 from gemmaforge.system.memory import resident_bytes
 from gemmaforge.train import activations
 from gemmaforge.train.memory_plan import Device, Planner, count_model
-from gemmaforge.train.trainer import check_memory
 from gemmaforge.train.wrapping import lora_targets, wrap_for_training
 from gemmaforge.units import parse_binary_size
 from tests.helpers import run_config, write_config
@@ -273,7 +273,7 @@ def tiny_cpu(spare: int) -> Device:
 @pytest.mark.slow
 def test_train_refuses_a_config_that_cannot_fit(tmp_path: Path, tiny_gemma3_dir: Path, monkeypatch,
                                                capsys: pytest.CaptureFixture[str]) -> None:
-    monkeypatch.setattr("gemmaforge.train.trainer.this_device", lambda: tiny_cpu(500 * 2**20))
+    monkeypatch.setattr("gemmaforge.recipe.trainer.this_device", lambda: tiny_cpu(500 * 2**20))
     config = write_config(tmp_path, tiny_gemma3_dir, per_device_train_batch_size=64, cutoff_len=1024)
     assert main(["train", str(config)]) == 2
     err = capsys.readouterr().err
@@ -283,7 +283,7 @@ def test_train_refuses_a_config_that_cannot_fit(tmp_path: Path, tiny_gemma3_dir:
 
 
 def test_check_memory_false_plans_and_goes_on(tiny_gemma3_dir: Path, tmp_path: Path, monkeypatch) -> None:
-    monkeypatch.setattr("gemmaforge.train.trainer.this_device", lambda: tiny_cpu(500 * 2**20))
+    monkeypatch.setattr("gemmaforge.recipe.trainer.this_device", lambda: tiny_cpu(500 * 2**20))
     config = run_config(train={"per_device_train_batch_size": 64, "cutoff_len": 1024, "check_memory": False})
     plan, trained = check_memory(config, resolve_model(str(tiny_gemma3_dir), tmp_path), "fp32", "single")
     assert not plan.fits and plan.advice and trained.train.gradient_checkpointing is False
@@ -293,7 +293,7 @@ def test_a_failing_planner_stops_train_unless_check_memory_is_false(monkeypatch)
     def broken(*args: object) -> None:
         raise ValueError("no config.json")
 
-    monkeypatch.setattr("gemmaforge.train.trainer.Planner", broken)
+    monkeypatch.setattr("gemmaforge.recipe.trainer.Planner", broken)
     with pytest.raises(ValueError, match="no config.json"):
         check_memory(run_config(), None, "fp32", "single")
     plan, trained = check_memory(run_config(train={"check_memory": False}), None, "fp32", "single")

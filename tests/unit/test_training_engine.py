@@ -124,7 +124,7 @@ def test_checkpointing_left_to_auto_is_turned_on_where_only_it_fits(tmp_path: Pa
     not without, `plan` and `train` turn it on and say so; set to false, the same run is refused (exit 2)."""
     from gemmaforge.config import load_config
     from gemmaforge.models import resolve_model
-    from gemmaforge.train import trainer
+    from gemmaforge.recipe import trainer
     from gemmaforge.train.memory_plan import GPU_CONTEXT_BYTES, Device, Planner
 
     config = write_config(tmp_path, tiny_gemma3_dir, max_steps=1, save_steps=100, eval_strategy="no",
@@ -291,7 +291,7 @@ def test_every_training_arguments_name_of_the_train_section_reaches_training_arg
     """README: the `train` keys named after TrainingArguments are those arguments; each is set here to a value
     other than its default (warmup_ratio and warmup_steps in two configs) and read back from the arguments
     `train` builds, without training."""
-    from gemmaforge.train.trainer import checkpointing_arguments, training_arguments
+    from gemmaforge.recipe.trainer import checkpointing_arguments, training_arguments
 
     monkeypatch.setenv("TENSORBOARD_LOGGING_DIR", "unset")  # training_arguments sets it; restored after the test
     run = RunDir(tmp_path / "run")

@@ -13,6 +13,13 @@ from gemmaforge.distributed import gather, is_main_process, local_rank, world_si
 from gemmaforge.errors import StageError, UserError
 from gemmaforge.families import Family
 from gemmaforge.models import ResolvedModel, default_home, load_tokenizer
+from gemmaforge.recipe.troubleshoot import (
+    StepClock,
+    diagnose_non_finite,
+    diagnose_out_of_memory,
+    is_out_of_memory,
+    slow_step_findings,
+)
 from gemmaforge.runs import RunDir, atomic_dir
 from gemmaforge.system.memory import peak_memory_bytes
 from gemmaforge.system.monitor import DeviceMonitor
@@ -38,13 +45,6 @@ from gemmaforge.train.sharding import (
     planned_as,
     rank_model_state,
     show_tied_embedding,
-)
-from gemmaforge.train.troubleshoot import (
-    StepClock,
-    diagnose_non_finite,
-    diagnose_out_of_memory,
-    is_out_of_memory,
-    slow_step_findings,
 )
 from gemmaforge.train.wrapping import build_peft_model, lora_targets
 from gemmaforge.units import gib

@@ -1,0 +1,2 @@
+"""Other tools' configurations read in gemmaforge's terms: LLaMA-Factory's training and merge YAMLs
+(llamafactory.py)."""
