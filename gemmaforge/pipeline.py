@@ -12,10 +12,10 @@ from gemmaforge.config import RunConfig, Split
 from gemmaforge.console import console
 from gemmaforge.distributed import barrier, gather, is_main_process, writes_per_node
 from gemmaforge.errors import StageError, UserError
-from gemmaforge.export.gguf_shards import gguf_parts
+from gemmaforge.gguf_names import gguf_parts
 from gemmaforge.model_spec import read_spec
 from gemmaforge.models import ResolvedModel, resolve_model
-from gemmaforge.runs import RunDir
+from gemmaforge.runs import RunDir, ollama_model_name
 from gemmaforge.vision import ImagePrompt
 
 
@@ -115,7 +115,6 @@ def stage_merge(run: RunDir, base: ResolvedModel, target: Path | None = None) ->
 def stage_export_gguf(run: RunDir, config: RunConfig, base: ResolvedModel, quants: list[str],
                       output: Path | None = None, split: Split | None = None) -> None:
     from gemmaforge.export.gguf import write_gguf
-    from gemmaforge.export.ollama import ollama_model_name
     from gemmaforge.templates import hf_chat_template
 
     merged = run.require(run.merged_dir / "config.json", "merge").parent
@@ -155,7 +154,6 @@ def stage_export_adapter(run: RunDir, base: ResolvedModel) -> None:
 
 
 def stage_export_vllm(run: RunDir, config: RunConfig, base: ResolvedModel, adapter: bool) -> None:
-    from gemmaforge.export.ollama import ollama_model_name
     from gemmaforge.export.vllm import vllm_command, write_vllm_script
 
     with run.stage("export_vllm") as record:
@@ -214,7 +212,7 @@ def stage_export_verify(run: RunDir, base: ResolvedModel) -> None:
 
 def stage_export_ollama(run: RunDir, config: RunConfig, base: ResolvedModel, create: bool = False,
                         adapter: bool = False) -> None:
-    from gemmaforge.export.ollama import ollama_create, ollama_model_name, write_modelfile
+    from gemmaforge.export.ollama import ollama_create, write_modelfile
 
     with run.stage("export_ollama") as record:
         modelfile = write_modelfile(run, config, base.family, adapter=adapter)

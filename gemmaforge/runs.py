@@ -25,6 +25,7 @@ from gemmaforge.config import RunConfig, dump_config, load_config
 from gemmaforge.console import console
 from gemmaforge.distributed import barrier, gather, is_main_process, local_rank, node_count, rank, write_per_node
 from gemmaforge.errors import UserError
+from gemmaforge.gguf_names import exports_in
 
 _VERSIONED_PACKAGES = ("gemmaforge", "torch", "transformers", "peft", "accelerate", "gguf", "safetensors")
 
@@ -76,6 +77,24 @@ class RunDir:
 
     def gguf_path(self, quant: str) -> Path:
         return self.gguf_dir / f"model-{quant}.gguf"
+
+    def model_ggufs(self) -> dict[str, list[Path]]:
+        """The model GGUFs written, by quant: {"f16": [model-f16.gguf], "q8_0": [its shards ...]}."""
+        return exports_in(self.gguf_dir, "model-")
+
+    def deployed_quant(self, config: RunConfig) -> str:
+        """The model GGUF that is deployed, one rule for the Modelfile, `serve --engine llamacpp` and `eval --engine
+        llamacpp`: q8_0 when written (Ollama's usual size/quality trade), else the first of export.gguf that was
+        written, else the first written; with none written, the one export.gguf would deploy (the caller then says
+        it is missing)."""
+        found = self.model_ggufs()
+        quants = list(config.export.gguf)
+        for quant in ("q8_0", *quants, *found):
+            if quant in found:
+                return quant
+        if not quants:
+            raise UserError("export.gguf is empty and no model GGUF was written: nothing to deploy")
+        return "q8_0" if "q8_0" in quants else quants[0]
 
     @property
     def mmproj_path(self) -> Path:
@@ -185,6 +204,12 @@ class RunDir:
 
 
 # ---------------------------------------------------------------------------- atomic writes
+
+
+def ollama_model_name(config: RunConfig) -> str:
+    """The name a run's model is created under in Ollama and served by: export.ollama.name, else the run
+    directory's name."""
+    return config.export.ollama.name or Path(config.output_dir).name
 
 
 def atomic_write_text(path: Path, text: str) -> None:

@@ -28,9 +28,8 @@ from gemmaforge.evaluate.scoring import (
     retention_probes,
 )
 from gemmaforge.evaluate.suite import Case, load_suite, val_sample_suite
-from gemmaforge.export.gguf_shards import exports_in, gguf_parts
-from gemmaforge.export.ollama import deployed_quant
 from gemmaforge.families import Family
+from gemmaforge.gguf_names import gguf_parts
 from gemmaforge.inference.llamacpp_images import projector_beside
 from gemmaforge.models import ResolvedModel, load_causal_lm, load_tokenizer
 from gemmaforge.runs import RunDir
@@ -162,10 +161,10 @@ def deployed_gguf(run: RunDir, config: RunConfig) -> Path:
     if ec.gguf:
         parts = gguf_parts(run.gguf_path(ec.gguf))
         return parts[0] if parts else run.require(run.gguf_path(ec.gguf), "export gguf")
-    found = exports_in(run.gguf_dir, "model-")
+    found = run.model_ggufs()
     if not found:
         raise UserError(f"{run.gguf_dir} has no model-<quant>.gguf: run `gemmaforge export gguf {run.root}` first")
-    return found[deployed_quant(run, config)][0]
+    return found[run.deployed_quant(config)][0]
 
 
 def _encode(val: tuple[list[list[dict[str, str]]], list[list[Path]]], tokenizer: Any, family: Family,

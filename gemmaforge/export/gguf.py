@@ -26,9 +26,10 @@ from safetensors import safe_open
 
 from gemmaforge.config import GGUF_QUANTS, NO_SPLIT, Split
 from gemmaforge.errors import UserError
-from gemmaforge.export.gguf_shards import gguf_file, gguf_parts, split_gguf_file
+from gemmaforge.export.gguf_shards import gguf_file, split_gguf_file
 from gemmaforge.export.gguf_vocab import ADDED_TOKEN_SCORE, Vocab, bpe_tokens, load_vocab
 from gemmaforge.export.quantize import K_QUANTS, llama_cpp_quantize, quantizer
+from gemmaforge.gguf_names import gguf_parts
 from gemmaforge.model_spec import ModelSpec, read_spec, text_weight_name
 from gemmaforge.system.memory import return_freed_memory
 

@@ -8,36 +8,17 @@ from pathlib import Path
 
 from gemmaforge.config import RunConfig
 from gemmaforge.errors import StageError, UserError
-from gemmaforge.export.gguf_shards import exports_in, gguf_parts
 from gemmaforge.families import Family
-from gemmaforge.runs import RunDir, atomic_write_text
+from gemmaforge.gguf_names import gguf_parts
+from gemmaforge.runs import RunDir, atomic_write_text, ollama_model_name
 from gemmaforge.templates import ollama_template
 
 GEMMA_TERMS = "Gemma is provided under and subject to the Gemma Terms of Use found at ai.google.dev/gemma/terms"
 
 
-def ollama_model_name(config: RunConfig) -> str:
-    return config.export.ollama.name or Path(config.output_dir).name
-
-
-def deployed_quant(run: RunDir, config: RunConfig) -> str:
-    """The model GGUF that is deployed, one rule for the Modelfile, `serve --engine llamacpp` and `eval --engine
-    llamacpp`: q8_0 when written (Ollama's usual size/quality trade), else the first of export.gguf that was
-    written, else the first written; with none written, the one export.gguf would deploy (the caller then says
-    it is missing)."""
-    found = exports_in(run.gguf_dir, "model-")
-    quants = list(config.export.gguf)
-    for quant in ("q8_0", *quants, *found):
-        if quant in found:
-            return quant
-    if not quants:
-        raise UserError("export.gguf is empty and no model GGUF was written: nothing to deploy")
-    return "q8_0" if "q8_0" in quants else quants[0]
-
-
 def pick_gguf(run: RunDir, config: RunConfig) -> Path:
-    """The GGUF the Modelfile points at (see deployed_quant), whole: Ollama cannot import shards."""
-    quant = deployed_quant(run, config)
+    """The GGUF the Modelfile points at (see RunDir.deployed_quant), whole: Ollama cannot import shards."""
+    quant = run.deployed_quant(config)
     parts = gguf_parts(run.gguf_path(quant))
     if len(parts) > 1:
         raise UserError(

@@ -16,7 +16,6 @@ import numpy as np
 
 from gemmaforge.data.prepare import read_prepared
 from gemmaforge.errors import StageError
-from gemmaforge.export.gguf_shards import exports_in
 from gemmaforge.families import Family
 from gemmaforge.runs import RunDir, atomic_write_text
 from gemmaforge.templates import Message, render_conversation
@@ -30,7 +29,7 @@ def verify_run(run: RunDir, family: Family, n_prompts: int = 8) -> dict[str, Any
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     merged = run.require(run.merged_dir / "config.json", "merge").parent
-    files = exports_in(run.gguf_dir, "model-")
+    files = run.model_ggufs()
     if not files:
         run.require(run.gguf_dir / "model-<quant>.gguf", "export gguf")
     tokenizer = AutoTokenizer.from_pretrained(merged)

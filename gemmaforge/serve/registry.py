@@ -148,9 +148,7 @@ class Registry:
                                      parent=engine.base_name), adapter_dir=adapter_dir)
 
     def _add_run(self, root: Path, engine: str, name: str | None, adapter_dir: Path | None = None) -> Served:
-        from gemmaforge.export.gguf_shards import exports_in
-        from gemmaforge.export.ollama import deployed_quant, ollama_model_name
-        from gemmaforge.runs import RunDir
+        from gemmaforge.runs import RunDir, ollama_model_name
 
         run = RunDir.open(root)
         config = run.config()
@@ -159,10 +157,10 @@ class Registry:
         options = {"temperature": o.temperature, "top_p": o.top_p, "top_k": o.top_k, "num_ctx": o.num_ctx}
         system = config.deployed_system
         if engine == "llamacpp":
-            files = exports_in(run.gguf_dir, "model-")
+            files = run.model_ggufs()
             if not files:
                 raise UserError(f"{run.gguf_dir} has no model-<quant>.gguf: run `gemmaforge export gguf {root}` first")
-            parts = files[deployed_quant(run, config)]
+            parts = files[run.deployed_quant(config)]
             served = self._add_gguf(parts[0], name, source=root)
             served.system, served.options = system, options
             served.trained_with_tools = run.trained_with_tools()
@@ -183,7 +181,7 @@ class Registry:
         return self._register(Served(name, engine, None, base.family, base.path))
 
     def _add_gguf(self, path: Path, name: str, source: Path | None = None) -> Served:
-        from gemmaforge.export.gguf_shards import shard_set
+        from gemmaforge.gguf_names import shard_set
         from gemmaforge.inference.llamacpp_engine import LlamaCppEngine
 
         name = self._free(check_name(name))

@@ -12,8 +12,8 @@ from gemmaforge.config import Split
 from gemmaforge.errors import UserError
 from gemmaforge.export import gguf as gguf_export
 from gemmaforge.export.gguf import write_gguf
-from gemmaforge.export.gguf_shards import exports_in, gguf_parts
 from gemmaforge.gguf_file import read_gguf
+from gemmaforge.gguf_names import exports_in, gguf_parts
 from gemmaforge.units import parse_decimal_size
 
 pytestmark = pytest.mark.integration

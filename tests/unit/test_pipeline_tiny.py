@@ -332,7 +332,6 @@ def test_the_modelfile_serve_and_eval_deploy_the_same_gguf(tmp_path: Path) -> No
     split export is opened at its first shard."""
     from gemmaforge.errors import UserError
     from gemmaforge.evaluate.evaluation import deployed_gguf
-    from gemmaforge.export.ollama import deployed_quant
     from gemmaforge.runs import RunDir
 
     run = RunDir.create(load_config(write_config(tmp_path, "unused")))
@@ -346,7 +345,7 @@ def test_the_modelfile_serve_and_eval_deploy_the_same_gguf(tmp_path: Path) -> No
         config = run.config()
         if quants is not None:
             config.export.gguf = quants
-        return deployed_quant(run, config)
+        return run.deployed_quant(config)
 
     assert written("model-f16.gguf", "model-q8_0.gguf") == "q8_0"
     assert written("model-f16.gguf") == "f16"
