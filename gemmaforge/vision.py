@@ -12,39 +12,12 @@ Only the image processor is loaded (Gemma 4's full processor also needs torchvis
 
 from __future__ import annotations
 
-import io
 import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from gemmaforge.model_spec import ModelSpec
-
-MAX_IMAGE_PIXELS = 64_000_000  # a request's pictures together, checked before decoding (PIL's bomb check is 89M)
-
-
-def decode_image(data: bytes, where: str, max_pixels: int = MAX_IMAGE_PIXELS) -> Any:
-    """The image in `data` (any format PIL reads) as RGB, transparency laid on white as the processors'
-    convert_to_rgb does; ValueError naming `where` for what is not an image or has more than `max_pixels`."""
-    from PIL import Image
-
-    try:
-        image = Image.open(io.BytesIO(data))  # reads the header only: the size is known before the pixels
-    except Exception as e:  # noqa: BLE001  (PIL raises many kinds for many formats)
-        raise ValueError(f"{where}: not an image PIL can read ({e})") from None
-    if image.width * image.height > max_pixels:
-        left = f" (what is left of the {MAX_IMAGE_PIXELS:,} a request's images may hold)" \
-            if max_pixels < MAX_IMAGE_PIXELS else ""
-        raise ValueError(f"{where}: the image is {image.width}x{image.height} pixels, more than the {max_pixels:,} "
-                         f"accepted{left}")
-    try:
-        image.load()
-    except Exception as e:  # noqa: BLE001
-        raise ValueError(f"{where}: not an image PIL can read ({e})") from None
-    if "A" in image.getbands() or image.info.get("transparency") is not None:
-        white = Image.new("RGBA", image.size, (255, 255, 255, 255))
-        return Image.alpha_composite(white, image.convert("RGBA")).convert("RGB")
-    return image.convert("RGB")
 
 
 def check_placeholders(prompt: str, placeholder: str, images: list[Any]) -> None:
@@ -65,17 +38,6 @@ _EXPANSIONS = {  # by architecture: Gemma 4 12B Unified (its own processor, torc
     "Gemma3ForConditionalGeneration": _Expansion("token_type_ids", None, (("do_pan_and_scan", False),)),
     "Gemma4ForConditionalGeneration": _Expansion("mm_token_type_ids", "num_soft_tokens_per_image"),
 }
-
-
-def image_sizes(pictures: list[Path]) -> list[tuple[int, int]]:
-    """(width, height) of each picture, from its header: an image's token count follows from its size."""
-    from PIL import Image
-
-    sizes = []
-    for path in pictures:
-        with Image.open(path) as image:
-            sizes.append(image.size)
-    return sizes
 
 
 class ImagePrompt:

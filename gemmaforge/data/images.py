@@ -2,14 +2,13 @@
 
 Prepared records reference their images by absolute path; nothing is copied into the JSON Lines. An image that
 comes inside the data (a data URI, the bytes of a Parquet image) is written once into the data folder's `images/`,
-named by its hash. Remote URLs are refused: nothing is downloaded. Each image is opened and decoded here, so a
-training run never meets a missing, unreadable or oversized picture hours in.
+named by its hash. Remote URLs are refused: nothing is downloaded. Each image is opened and decoded here (by the
+intake serve and eval use too: gemmaforge/intake.py), so a training run never meets a missing, unreadable or
+oversized picture hours in.
 """
 
 from __future__ import annotations
 
-import base64
-import binascii
 import hashlib
 import io
 import os
@@ -20,13 +19,9 @@ from urllib.parse import unquote, urlparse
 
 from gemmaforge.data.formats import IMAGE_PLACEHOLDER, Schema, record_images
 from gemmaforge.errors import UserError
+from gemmaforge.intake import check_picture, data_uri_bytes
 from gemmaforge.templates import Message
 from gemmaforge.vision import ImagePrompt
-
-MAX_PIXELS = 64_000_000  # one training image (a 8000x8000 photo); PIL's own decompression-bomb check is at 89M
-# Pixel modes the processors' RGB conversion keeps faithfully; 32-bit integer and float images (depth maps,
-# scientific data) would be clipped to 8 bits without a word.
-PICTURE_MODES = {"1", "L", "LA", "La", "P", "PA", "RGB", "RGBA", "RGBa", "RGBX", "CMYK", "YCbCr"}
 
 
 @dataclass(frozen=True)
@@ -55,7 +50,7 @@ class ImageFinder:
         if not isinstance(ref, str) or not ref.strip():
             raise UserError(f"{where}: an image entry must be a path or data URI, got {ref!r}")
         if ref.startswith("data:"):
-            return self._embedded(_data_uri(ref, where), where)
+            return self._embedded(data_uri_bytes(ref, where), where)
         scheme = urlparse(ref).scheme
         if scheme in ("http", "https", "ftp", "s3", "gs"):
             raise UserError(f"{where}: {ref}: remote images are not downloaded; download them once and name the "
@@ -102,35 +97,9 @@ class ImageFinder:
         return self.seen[str(path)]
 
 
-def _data_uri(uri: str, where: str) -> bytes:
-    head, comma, payload = uri.partition(",")
-    if not comma or not head.endswith(";base64"):
-        raise UserError(f"{where}: expected a base64 data URI (data:image/png;base64,...)")
-    try:
-        return base64.b64decode(payload, validate=False)
-    except (binascii.Error, ValueError):
-        raise UserError(f"{where}: the data URI's base64 does not decode") from None
-
-
 def _checked(path: Path, data: bytes, where: str) -> CheckedImage:
-    from PIL import Image
-
-    name = f"image {path}" if path.parts else "the embedded image"
-    try:
-        image = Image.open(io.BytesIO(data))  # the header: the size is known before any pixel is decoded
-    except Exception as e:  # noqa: BLE001  (PIL raises many kinds for many formats)
-        raise UserError(f"{where}: {name} is not a picture PIL can read ({e})") from None
-    if image.width * image.height > MAX_PIXELS:
-        raise UserError(f"{where}: {name} is {image.width}x{image.height} pixels, more than the {MAX_PIXELS:,} "
-                        "accepted; scale it down (the processors resize every picture to under a megapixel)")
-    if image.mode not in PICTURE_MODES:
-        raise UserError(f"{where}: {name} has pixel mode {image.mode}, which the image processors would clip to "
-                        "8-bit RGB; save it as RGB (or grayscale L)")
-    try:
-        image.load()
-    except Exception as e:  # noqa: BLE001
-        raise UserError(f"{where}: {name} does not decode ({e})") from None
-    return CheckedImage(path, hashlib.sha256(data).hexdigest(), image.width, image.height)
+    width, height = check_picture(data, f"{where}: {f'image {path}' if path.parts else 'the embedded image'}")
+    return CheckedImage(path, hashlib.sha256(data).hexdigest(), width, height)
 
 
 def _suffix(data: bytes) -> str:

@@ -31,9 +31,10 @@ from gemmaforge.evaluate.suite import Case, load_suite, val_sample_suite
 from gemmaforge.families import Family
 from gemmaforge.gguf_names import gguf_parts
 from gemmaforge.inference.llamacpp_images import projector_beside
+from gemmaforge.intake import picture_sizes
 from gemmaforge.models import ResolvedModel, load_causal_lm, load_tokenizer
 from gemmaforge.runs import RunDir
-from gemmaforge.vision import ImagePrompt, image_sizes
+from gemmaforge.vision import ImagePrompt
 
 if TYPE_CHECKING:
     from gemmaforge.inference.transformers_engine import TransformersEngine
@@ -72,7 +73,7 @@ def evaluate(run: RunDir, config: RunConfig, base: ResolvedModel) -> dict[str, A
     vision, no_vision = ImagePrompt.of(base.path, base.spec, tokenizer)
     num_ctx = max(len(prompt_ids(tokenizer, family, chat)) for chat in chats) + ec.max_new_tokens + 1
     if vision is not None:
-        num_ctx += max((vision.prompt_tokens(image_sizes(c.images), tokenizer) for c in cases), default=0)
+        num_ctx += max((vision.prompt_tokens(picture_sizes(c.images), tokenizer) for c in cases), default=0)
     sampling = Sampling(ec.max_new_tokens, ec.do_sample, ec.temperature, ec.top_p, ec.seed)
     # the engine serve runs, in fp32, the run's adapter loaded by name: base answers name no adapter
     engine = TransformersEngine(load_causal_lm(base.path, base.spec, torch.float32), tokenizer, family,

@@ -14,8 +14,8 @@ from gemmaforge.data.formats import IMAGE_PLACEHOLDER
 from gemmaforge.errors import StageError, UserError
 from gemmaforge.families import Family
 from gemmaforge.inference.jobs import Delta, Engine, Failed, Job, Params
+from gemmaforge.intake import decode_picture
 from gemmaforge.templates import Message, render_conversation
-from gemmaforge.vision import decode_image
 
 
 @dataclass(frozen=True)
@@ -66,7 +66,7 @@ class EngineGenerator:
         messages = [{**m, "content": m["content"].replace(IMAGE_PLACEHOLDER, family.chat.image)} for m in messages]
         text = render_conversation(messages, family, add_generation_prompt=True).text
         try:
-            return self.engine.encode_images(text, [decode_image(p.read_bytes(), str(p)) for p in pictures])
+            return self.engine.encode_images(text, [decode_picture(p.read_bytes(), str(p)) for p in pictures])
         except ValueError as e:
             raise UserError(f"eval: conversation {index + 1} has images: {e}") from None
 

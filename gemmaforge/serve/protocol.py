@@ -4,8 +4,6 @@ the training template, and the sampling parameters a completion request comes to
 
 from __future__ import annotations
 
-import base64
-import binascii
 import dataclasses
 import json
 import re
@@ -16,12 +14,13 @@ from dataclasses import field as dataclass_field
 from typing import Any, Protocol
 
 from gemmaforge.answers import AnswerReader, Pieces, read_whole
+from gemmaforge.errors import UserError
 from gemmaforge.families import ChatFormat
 from gemmaforge.inference.jobs import Event, Finished, Params
+from gemmaforge.intake import MAX_PIXELS, base64_bytes, decode_picture
 from gemmaforge.serve.registry import Served
 from gemmaforge.templates import BOS, THOUGHT_OPEN, Message, ollama_prompt
 from gemmaforge.tool_text import Tool, normalize_call, normalize_tool
-from gemmaforge.vision import MAX_IMAGE_PIXELS, decode_image
 
 # Ollama's own defaults, which Params carries
 OLLAMA_DEFAULTS = {f.name: f.default for f in dataclasses.fields(Params)
@@ -159,26 +158,17 @@ def model_name(data: dict[str, Any]) -> str:
 
 
 class Pictures:
-    """A request's images, decoded one by one within what they may hold together (MAX_IMAGE_PIXELS)."""
+    """A request's images, decoded one by one within what they may hold together (MAX_PIXELS)."""
 
     def __init__(self) -> None:
-        self.left = MAX_IMAGE_PIXELS
+        self.left = MAX_PIXELS
 
     def decode(self, text: Any, where: str) -> Any:
-        """An image sent as base64 (Ollama's `images`; a data URI's prefix is accepted too; line breaks are
-        skipped, as Go's decoder skips them)."""
-        if not isinstance(text, str):
-            raise bad(f"{where}: expected a base64-encoded image")
-        head, sep, payload = text.partition(",")
-        if sep and head.startswith("data:"):
-            text = payload
+        """An image sent as base64 (Ollama's `images`; a data URI is accepted too), through the intake every
+        picture goes through (gemmaforge/intake.py)."""
         try:
-            data = base64.b64decode(text.replace("\r", "").replace("\n", ""), validate=True)
-        except (binascii.Error, ValueError):
-            raise bad(f"{where}: not valid base64") from None
-        try:
-            image = decode_image(data, where, self.left)
-        except ValueError as e:
+            image = decode_picture(base64_bytes(text, where), where, self.left)
+        except UserError as e:
             raise bad(str(e)) from None
         self.left -= image.width * image.height
         return image

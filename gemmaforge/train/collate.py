@@ -11,6 +11,7 @@ import torch
 
 from gemmaforge.errors import UserError
 from gemmaforge.families import Family
+from gemmaforge.intake import decode_picture, picture_sizes
 from gemmaforge.templates import (
     IGNORE_INDEX,
     Message,
@@ -19,7 +20,7 @@ from gemmaforge.templates import (
     render_conversation,
     supervised_labels,
 )
-from gemmaforge.vision import ImagePrompt, decode_image, image_sizes
+from gemmaforge.vision import ImagePrompt
 
 
 def tokenize_conversations(
@@ -67,7 +68,7 @@ def encode_with_images(messages: list[Message], pictures: list[Path], vision: Im
     """(text, ids, labels, offsets) of a conversation with each image's tokens in place of its placeholder, as the
     checkpoint's processor writes them; image tokens are never supervised. Untruncated."""
     rendered = render_conversation(messages, family, **options)
-    counts = vision.soft_token_counts(image_sizes(pictures))
+    counts = vision.soft_token_counts(picture_sizes(pictures))
     text, spans = vision.expand_rendered(rendered.text, rendered.supervised, counts)
     enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
     ids, offsets = enc["input_ids"], [tuple(o) for o in enc["offset_mapping"]]
@@ -88,7 +89,7 @@ class ImageBatches:
         paths = [path for example in batch for path in example.get("images", ())]
         out = self.collator([{k: v for k, v in example.items() if k != "images"} for example in batch])
         if paths:
-            out.update(self.vision.pixel_inputs([decode_image(Path(p).read_bytes(), p) for p in paths]))
+            out.update(self.vision.pixel_inputs([decode_picture(Path(p).read_bytes(), p) for p in paths]))
             out.update(self.vision.token_types(out["input_ids"]))
         return out
 

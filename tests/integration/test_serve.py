@@ -622,9 +622,9 @@ def test_openai_errors(oai) -> None:
     ("/api/chat", b'{"model": "base", "messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function"}]}',
      400, "tools[0]: expected a tool definition"),
     ("/api/chat", b'{"model": "base", "messages": [{"role": "user", "content": "x", "images": ["aGk="]}]}', 400,
-     "messages[0].images[0]: not an image PIL can read"),
+     "messages[0].images[0]: not a picture PIL can read"),
     ("/api/generate", b'{"model": "base", "prompt": "x", "images": ["aGk="]}', 400,
-     "images[0]: not an image PIL can read"),
+     "images[0]: not a picture PIL can read"),
     ("/api/chat", b'{"model": "base", "messages": [{"role": "user", "content": "x"}], "think": true}', 400,
      "think: base:latest does not support thinking"),
     ("/api/chat", b'{"model": "base", "messages": [{"role": "user", "content": "x"}], "format": {"$ref": "#/no"}}',
@@ -644,7 +644,7 @@ def test_openai_errors(oai) -> None:
      "tools: base:latest does not support tools"),
     ("/v1/chat/completions", (b'{"model": "base", "messages": [{"role": "user", "content": [{"type": "image_url", '
                               b'"image_url": {"url": "data:image/png;base64,aGk="}}]}]}'), 400,
-     "messages[0].content[0].image_url: not an image PIL can read"),
+     "messages[0].content[0].image_url: not a picture PIL can read"),
     ("/v1/chat/completions", (b'{"model": "base", "messages": [{"role": "user", "content": "x"}], '
                               b'"frequency_penalty": 0.5}'), 400, "frequency_penalty: not supported"),
     ("/v1/chat/completions", (b'{"model": "base", "messages": [{"role": "user", "content": "x"}], '

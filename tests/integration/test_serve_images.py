@@ -193,7 +193,7 @@ def red_chat(model: str, text: str = "hi") -> dict:
      "messages[0].images[0]: not valid base64"),
     ("/api/chat", {"model": "pic", "messages": [{"role": "user", "content": "hi",
                                                  "images": [base64.b64encode(b"plain text").decode()]}]},
-     "messages[0].images[0]: not an image PIL can read"),
+     "messages[0].images[0]: not a picture PIL can read"),
     ("/api/chat", {"model": "pic", "messages": [{"role": "user", "content": "hi"},
                                                 {"role": "assistant", "content": "x",
                                                  "images": [base64.b64encode(RED).decode()]}]},

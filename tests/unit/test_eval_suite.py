@@ -100,7 +100,7 @@ def test_image_cases_place_their_pictures(tmp_path: Path) -> None:
     ("image: pics/none.png", "case 1 (line 2): image 1: image pics/none.png not found"),
     ("image: a.png\n    images: [a.png]", "give `image` (one path) or `images` (a list), not both"),
     ("images: pics/a.png", "`images` a list of paths"),
-    ("image: notes.txt", "is not a picture PIL can read"),
+    ("image: notes.txt", "notes.txt: not a picture PIL can read (no image format it knows)"),
 ])
 def test_bad_image_cases_name_the_case(tmp_path: Path, case: str, expected: str) -> None:
     (tmp_path / "notes.txt").write_text("words")

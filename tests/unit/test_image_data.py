@@ -213,14 +213,14 @@ def test_bad_images_exit_2_naming_the_record(case: str, checkpoint_of, tmp_path:
 
 
 def test_huge_image_is_refused_from_its_header(checkpoint_of, tmp_path: Path, capsys, monkeypatch) -> None:
-    import gemmaforge.data.images as images
+    import gemmaforge.intake as intake
 
-    monkeypatch.setattr(images, "MAX_PIXELS", 1000)
+    monkeypatch.setattr(intake, "MAX_PIXELS", 1000)
     (tmp_path / "big.png").write_bytes(png((1, 2, 3), size=(50, 40)))
     data = tmp_path / "data.jsonl"
     data.write_text(json.dumps({"instruction": "<image>Hi", "output": "x", "images": ["big.png"]}) + "\n")
     assert prepare(data, checkpoint_of("gemma3-mm"), tmp_path / "out") == 2
-    assert "is 50x40 pixels, more than the 1,000 accepted" in capsys.readouterr().err
+    assert "the picture is 50x40 pixels, more than the 1,000 accepted" in capsys.readouterr().err
 
 
 def test_images_for_a_text_only_model_are_refused(tiny_gemma3_dir: Path, tmp_path: Path, capsys) -> None:

@@ -14,7 +14,7 @@ PACKAGE = Path(__file__).parents[2] / "gemmaforge"
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("core: basics", ("gemmaforge", "gemmaforge.errors", "gemmaforge.console", "gemmaforge.units",
                       "gemmaforge.distributed", "gemmaforge.tool_text", "gemmaforge.gguf_file",
-                      "gemmaforge.gguf_names")),
+                      "gemmaforge.gguf_names", "gemmaforge.intake")),
     ("core: model facts", ("gemmaforge.families", "gemmaforge.model_spec", "gemmaforge.templates",
                            "gemmaforge.answers", "gemmaforge.vision")),
     ("core: configuration", ("gemmaforge.compat", "gemmaforge.config", "gemmaforge.runs")),
