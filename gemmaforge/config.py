@@ -9,7 +9,7 @@ from __future__ import annotations
 import difflib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -68,13 +68,18 @@ class CleanConfig(Section):
     )
 
 
+# The dataset formats data/formats.py reads (named here, below the data stage, for the config and the CLI)
+Formatting = Literal["alpaca", "sharegpt", "openai"]
+FORMATTINGS: tuple[Formatting, ...] = get_args(Formatting)
+
+
 class DataConfig(Section):
     path: str = Field(
         ..., description="dataset file (JSON, JSONL, CSV, Parquet), a folder of them, or a LLaMA-Factory data "
         "folder with dataset_info.json"
     )
     dataset: list[str] = Field(default_factory=list, description="LLaMA-Factory dataset name(s) in dataset_info.json")
-    format: Literal["auto", "alpaca", "sharegpt", "openai"] = "auto"
+    format: Literal["auto", Formatting] = "auto"
     columns: dict[str, str | None] | None = Field(None, description="column names, as LLaMA-Factory's `columns`")
     tags: dict[str, str] | None = Field(None, description="role tags, as LLaMA-Factory's `tags`")
     eval_path: str | None = Field(None, description="an explicit validation file instead of a split")

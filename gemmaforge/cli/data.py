@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from gemmaforge.cli.common import Parser, Verbs
-from gemmaforge.config import DataConfig, TrainConfig, apply_override, validate_config
+from gemmaforge.config import FORMATTINGS, DataConfig, TrainConfig, apply_override, validate_config
 from gemmaforge.console import console
 from gemmaforge.errors import UserError
 from gemmaforge.families import FAMILIES
@@ -39,7 +39,7 @@ def add(verbs: Verbs) -> None:
     actions = data.add_subparsers(dest="action", required=True, metavar="ACTION", parser_class=Parser)
 
     def common(p: argparse.ArgumentParser) -> None:
-        p.add_argument("--format", choices=["auto", "alpaca", "sharegpt", "openai"], default="auto")
+        p.add_argument("--format", choices=["auto", *FORMATTINGS], default="auto")
         p.add_argument("--system", help="system prompt for records without one")
         p.add_argument("--model", default="gemma3-270m",
                        help="tokenizer and template family (default: the embedded gemma3-270m)")

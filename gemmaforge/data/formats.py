@@ -19,16 +19,15 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, replace
-from typing import Any, Literal
+from typing import Any
 
+from gemmaforge.config import Formatting
 from gemmaforge.errors import UserError
 from gemmaforge.templates import THOUGHT_CLOSE, THOUGHT_OPEN, Message, check_roles
 from gemmaforge.tool_text import Tool, ToolCall, normalize_call, normalize_tool
 
-Formatting = Literal["alpaca", "sharegpt", "openai"]
 IMAGE_PLACEHOLDER = "<image>"  # LLaMA-Factory's: where one of a record's images goes in its text
 IMAGEFOLDER_COLUMN = "file_name"  # Hugging Face's imagefolder metadata: the record's image beside the JSONL
-FORMATTINGS: tuple[Formatting, ...] = ("alpaca", "sharegpt", "openai")
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from gemmaforge.data.formats import FORMATTINGS, Schema, default_schema, schema_with
+from gemmaforge.config import FORMATTINGS
+from gemmaforge.data.formats import Schema, default_schema, schema_with
 from gemmaforge.errors import UserError
 
 DATASET_INFO = "dataset_info.json"
