@@ -1,9 +1,9 @@
 """Multi-process runs (`torchrun`, `accelerate launch`): one process writes the run directory.
 
-Every rank runs the same command. The main rank prepares data and writes run files; the others wait
-at a barrier and only train. transformers' Trainer does the gradient synchronisation itself. When the nodes of a
-multi-node run do not share the run directory (runs.py probes it), each node's local rank 0 is a main process
-and writes its own node's copy.
+Every rank runs the same command. The process that writes the run directory (`RunDir.writes`: rank 0, or each
+node's first process when the nodes do not share the directory, which `RunDir.create` probes) prepares data and
+writes run files; the others wait at a barrier and only train. transformers' Trainer does the gradient
+synchronisation itself.
 """
 
 from __future__ import annotations
@@ -25,25 +25,8 @@ def local_rank() -> int:
     return int(os.environ.get("LOCAL_RANK", "0"))
 
 
-_per_node = False  # set once the run directory is known not to be shared between the nodes
-
-
-def is_main_process() -> bool:
-    """The process that writes the run directory: rank 0, or each node's first process when nodes do not share it."""
-    return (local_rank() if _per_node else rank()) == 0
-
-
 def node_count() -> int:
     return world_size() // int(os.environ.get("LOCAL_WORLD_SIZE", str(world_size())))
-
-
-def write_per_node(per_node: bool) -> None:
-    global _per_node
-    _per_node = per_node
-
-
-def writes_per_node() -> bool:
-    return _per_node
 
 
 def init_if_launched() -> None:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from gemmaforge.config import RunConfig, Split
 from gemmaforge.console import console
-from gemmaforge.distributed import barrier, gather, is_main_process, writes_per_node
+from gemmaforge.distributed import barrier, gather
 from gemmaforge.errors import StageError, UserError
 from gemmaforge.gguf_names import gguf_parts
 from gemmaforge.model_spec import read_spec
@@ -33,7 +33,7 @@ def stage_data(run: RunDir, config: RunConfig, base: ResolvedModel) -> None:
     from gemmaforge.data.prepare import prepare_data, summary_line
     from gemmaforge.models import load_tokenizer
 
-    if is_main_process():  # the main rank prepares (one per node when nodes keep their own run directory)
+    if run.writes:  # the main rank prepares (one per node when nodes keep their own run directory)
         with run.stage("data") as record:
             tokenizer = load_tokenizer(base.path)
             stats = prepare_data(
@@ -44,7 +44,7 @@ def stage_data(run: RunDir, config: RunConfig, base: ResolvedModel) -> None:
             record.update(train_sha256=stats["train_sha256"], val_sha256=stats["val_sha256"])
         console.print(f"[bold]data[/]: {summary_line(stats)} -> {run.data_dir}")
     barrier()  # the others read the main rank's files
-    if writes_per_node():
+    if run.per_node:
         check_same_data_on_every_node(run)
 
 
@@ -72,7 +72,7 @@ def stage_eval(run: RunDir, config: RunConfig, base: ResolvedModel) -> None:
     from gemmaforge.evaluate.evaluation import evaluate
     from gemmaforge.evaluate.report import write_report
 
-    if not is_main_process():
+    if not run.writes:
         return
     with run.stage("eval") as record:
         results = evaluate(run, config, base)

@@ -23,7 +23,7 @@ from typing import Any
 
 from gemmaforge.config import RunConfig, dump_config, load_config
 from gemmaforge.console import console
-from gemmaforge.distributed import barrier, gather, is_main_process, local_rank, node_count, rank, write_per_node
+from gemmaforge.distributed import barrier, gather, local_rank, node_count, rank
 from gemmaforge.errors import UserError
 from gemmaforge.gguf_names import exports_in
 
@@ -31,8 +31,16 @@ _VERSIONED_PACKAGES = ("gemmaforge", "torch", "transformers", "peft", "accelerat
 
 
 class RunDir:
-    def __init__(self, root: Path | str):
+    def __init__(self, root: Path | str, per_node: bool = False):
         self.root = Path(root)
+        # whether each node of a multi-node run keeps its own copy (the nodes do not share it: RunDir.create probes)
+        self.per_node = per_node
+
+    @property
+    def writes(self) -> bool:
+        """Whether this process writes the run directory: rank 0, or each node's first process when every node keeps
+        its own copy. Under torchrun every rank runs each stage; the others wait at barriers and train."""
+        return (local_rank() if self.per_node else rank()) == 0
 
     # ------------------------------------------------------------------ paths
     @property
@@ -114,8 +122,8 @@ class RunDir:
         except OSError as exc:
             raise UserError(f"output_dir '{run.root}': cannot write there ({exc.strerror})") from None
         if node_count() > 1:
-            write_per_node(not run.shared_between_nodes())
-        if is_main_process():
+            run.per_node = not run.shared_between_nodes()
+        if run.writes:
             atomic_write_text(run.config_path, dump_config(config))
         return run
 
@@ -168,14 +176,14 @@ class RunDir:
         }
 
     def update_manifest(self, **fields: Any) -> None:
-        if not is_main_process():  # under torchrun every rank runs the stage; one writes
+        if not self.writes:  # under torchrun every rank runs the stage; one writes
             return
         manifest = self.manifest()
         manifest.update(fields)
         atomic_write_text(self.manifest_path, json.dumps(manifest, indent=2, ensure_ascii=False) + "\n")
 
     def record_stage(self, stage: str, **fields: Any) -> None:
-        if not is_main_process():
+        if not self.writes:
             return
         manifest = self.manifest()
         manifest["stages"].setdefault(stage, {}).update(fields)

@@ -9,7 +9,7 @@ from typing import Any
 from gemmaforge.config import RunConfig
 from gemmaforge.console import console, escape
 from gemmaforge.data.prepare import read_prepared, read_prepared_images
-from gemmaforge.distributed import gather, is_main_process, local_rank, world_size, writes_per_node
+from gemmaforge.distributed import gather, local_rank, world_size
 from gemmaforge.errors import StageError, UserError
 from gemmaforge.families import Family
 from gemmaforge.models import ResolvedModel, default_home, load_tokenizer
@@ -95,7 +95,7 @@ def training_arguments(config: RunConfig, run: RunDir, precision: str, has_val: 
         dataloader_pin_memory=torch.cuda.is_available(),
         accelerator_config={"non_blocking": torch.cuda.is_available()},
         use_cpu=not torch.cuda.is_available(),
-        save_on_each_node=writes_per_node(),  # nodes that do not share the run directory each keep checkpoints
+        save_on_each_node=run.per_node,  # nodes that do not share the run directory each keep checkpoints
     )
 
 
@@ -139,7 +139,7 @@ def train(run: RunDir, config: RunConfig, base: ResolvedModel) -> dict[str, Any]
     family = base.family
     precision = preflight(config, base)
     sharding = check_strategy(config.model.load_in_4bit)
-    if writes_per_node() and sharding not in ("single", "ddp"):
+    if run.per_node and sharding not in ("single", "ddp"):
         raise UserError(f"{sharding} writes each checkpoint as shards from every rank, which one node alone cannot "
                         f"resume from, and the nodes do not share {run.root}: give every node the same run "
                         "directory (a shared filesystem), or train with DDP (examples/distributed/ddp.yaml)")
@@ -185,12 +185,12 @@ def train(run: RunDir, config: RunConfig, base: ResolvedModel) -> dict[str, Any]
     if resume:
         console.print(f"[bold]train[/]: resuming from {resume.name} (step {resumed_step}), "
                       "the last complete checkpoint")
-        if is_main_process():
+        if run.writes:
             keep_metrics_until(run.metrics_path, resumed_step)
-    elif is_main_process():
+    elif run.writes:
         run.metrics_path.unlink(missing_ok=True)
     clock = StepClock()
-    callbacks: list[Any] = [MetricsCallback(run.metrics_path), CompleteMarker(), clock]
+    callbacks: list[Any] = [MetricsCallback(run.metrics_path, run.writes), CompleteMarker(run.writes), clock]
     if config.train.early_stopping_patience and val_rows:
         callbacks.append(EarlyStoppingCallback(early_stopping_patience=config.train.early_stopping_patience))
     trainer = SupervisedLossTrainer(
@@ -225,14 +225,14 @@ def train(run: RunDir, config: RunConfig, base: ResolvedModel) -> dict[str, Any]
     if val_rows and (not evals or evals[-1]["step"] != result.global_step or config.train.load_best_model_at_end):
         evals.append(trainer.evaluate())  # of the restored best model when load_best_model_at_end
     final_eval = evals[-1] if evals else {}
-    if is_main_process():  # after training: never a cost inside a step
+    if run.writes:  # after training: never a cost inside a step
         plot_losses(run.metrics_path, run.loss_plot_path)
     adapter = full_trainable_state(model)  # gathered from the shards of a sharded run
     checksums = gather(adapter_checksum(adapter))
     if len(set(checksums)) != 1:
         raise StageError(f"the {len(checksums)} ranks finished with different adapters ({checksums}): "
                          "gradients were not synchronised")
-    if is_main_process():
+    if run.writes:
         with atomic_dir(run.adapter_dir) as tmp:
             model.save_pretrained(tmp, state_dict=adapter)
             tokenizer.save_pretrained(tmp)
@@ -292,8 +292,8 @@ def attention_kernels(config: RunConfig, model: Any, first_batch: dict[str, Any]
 def common_checkpoint(run: RunDir) -> Any:
     """The newest complete checkpoint every rank can resume from: the same folder when the run directory is
     shared; with one run directory per node, a node killed mid-save may lack the others' newest one."""
-    resume = last_complete_checkpoint(run.checkpoints_dir, delete_incomplete=is_main_process())
-    if not writes_per_node():
+    resume = last_complete_checkpoint(run.checkpoints_dir, delete_incomplete=run.writes)
+    if not run.per_node:
         return resume
     steps = [set(found) for found in gather(complete_steps(run.checkpoints_dir))]
     common = set.intersection(*steps)

@@ -11,7 +11,6 @@ from typing import Any
 from transformers import TrainerCallback
 from transformers.trainer_callback import ProgressCallback
 
-from gemmaforge.distributed import is_main_process
 from gemmaforge.system.monitor import MONITOR_KEYS, status_line
 
 _KEPT = (
@@ -21,11 +20,12 @@ _KEPT = (
 
 
 class MetricsCallback(TrainerCallback):
-    def __init__(self, metrics_path: Path):
+    def __init__(self, metrics_path: Path, writes: bool):
         self.metrics_path = metrics_path
+        self.writes = writes  # this process writes the run directory (one per run, or per node when not shared)
 
     def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, float] | None = None, **kwargs: Any) -> None:
-        if not is_main_process() or not logs:  # the writer of this run directory (one per node when not shared)
+        if not self.writes or not logs:
             return
         if "loss" not in logs and "eval_loss" not in logs:  # e.g. the end-of-training summary
             return

@@ -16,7 +16,6 @@ from typing import Any
 
 from transformers import TrainerCallback
 
-from gemmaforge.distributed import is_main_process
 from gemmaforge.runs import atomic_write_text
 
 MARKER = "gemmaforge-complete.json"
@@ -24,9 +23,12 @@ _CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
 
 
 class CompleteMarker(TrainerCallback):
+    def __init__(self, writes: bool):
+        self.writes = writes  # this process writes the run directory
+
     def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         folder = Path(args.output_dir) / f"checkpoint-{state.global_step}"
-        if is_main_process() and folder.is_dir():
+        if self.writes and folder.is_dir():
             atomic_write_text(folder / MARKER, json.dumps({"step": state.global_step, "max_steps": state.max_steps}))
 
 

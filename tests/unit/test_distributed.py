@@ -47,6 +47,27 @@ def test_rank_0_alone_prepares_the_data(tmp_path: Path, tiny_gemma3_dir: Path, m
     assert json.loads(run.manifest_path.read_text())["stages"]["data"]["status"] == "done"
 
 
+@pytest.mark.parametrize(("rank", "local_rank", "shared", "writes"), [
+    (0, 0, True, True), (1, 0, True, False), (1, 1, True, False),  # one run directory for both nodes: rank 0
+    (0, 0, False, True), (1, 0, False, True), (1, 1, False, False),  # one per node: each node's first process
+])
+def test_who_writes_the_run_directory_follows_what_the_nodes_share(rank: int, local_rank: int, shared: bool,
+                                                                   writes: bool, tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two nodes, two processes each: the writer follows what RunDir.create probed, held by that RunDir (not by a
+    module-level switch that another run in the same process would inherit)."""
+    from gemmaforge import runs
+
+    config = load_config(write_config(tmp_path, tmp_path))
+    monkeypatch.setattr(runs, "node_count", lambda: 2)
+    monkeypatch.setattr(runs.RunDir, "shared_between_nodes", lambda self: shared)
+    monkeypatch.setenv("RANK", str(rank))
+    monkeypatch.setenv("LOCAL_RANK", str(local_rank))
+    run = RunDir.create(config)
+    assert (run.per_node, run.writes, run.config_path.is_file()) == (not shared, writes, writes)
+    assert RunDir(run.root).writes == (rank == 0)  # opened alone (a later verb): rank 0 writes, as before
+
+
 @pytest.mark.slow
 def test_ranks_with_different_adapters_stop_the_stage(tmp_path: Path, tiny_gemma3_dir: Path,
                                                        monkeypatch: pytest.MonkeyPatch,

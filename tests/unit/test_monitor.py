@@ -95,7 +95,7 @@ def test_on_a_gpu_each_row_has_torchs_allocator_counters(tmp_path: Path, monkeyp
     assert "rss_bytes" not in fields and fields["gpu_memory_total_bytes"] == XTX_BYTES
     metrics = tmp_path / "metrics.jsonl"
     state = type("State", (), {"global_step": 1, "is_world_process_zero": True})()
-    MetricsCallback(metrics).on_log(None, state, None, logs={"loss": 2.5, **fields})
+    MetricsCallback(metrics, writes=True).on_log(None, state, None, logs={"loss": 2.5, **fields})
     row = json.loads(metrics.read_text())
     assert row == {"step": 1, "loss": 2.5, **fields}
 

@@ -78,11 +78,12 @@ def test_sharded_checkpoints_need_a_shared_run_directory(tmp_path: Path, tiny_ge
                                                          capsys: pytest.CaptureFixture[str]) -> None:
     """FSDP2 checkpoints are shards from every rank: with nodes that keep their own run directory, training is
     refused before the model loads."""
-    from gemmaforge import distributed
+    from gemmaforge import runs
 
     monkeypatch.setenv("ACCELERATE_USE_FSDP", "true")
     monkeypatch.setenv("FSDP_VERSION", "2")
-    monkeypatch.setattr(distributed, "_per_node", True)
+    monkeypatch.setattr(runs, "node_count", lambda: 2)  # two nodes whose run directories the probe finds apart
+    monkeypatch.setattr(runs.RunDir, "shared_between_nodes", lambda self: False)
     assert main(["train", str(write_config(tmp_path, tiny_gemma3_dir))]) == 2
     err = " ".join(capsys.readouterr().err.split())
     assert "fsdp2 writes each checkpoint as shards from every rank" in err and "the nodes do not share" in err
