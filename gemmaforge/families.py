@@ -6,6 +6,7 @@ Stages never test `model_type` strings themselves; they look the family up once
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from gemmaforge.errors import UserError
@@ -46,6 +47,12 @@ class Family:
     default_lora_targets: tuple[str, ...]
     attn_implementation: str  # what training should ask transformers for
     fp16_safe: bool  # fp16 activations overflow for Gemma 3/4 (NaN loss, empty output)
+
+    def stop_ids(self, eos_id: int, token_id: Callable[[str], int]) -> set[int]:
+        """The token ids that end an answer: the tokenizer's end of sequence and the family's stop tokens, each
+        looked up with the caller's tokenizer (transformers' for generation_config.json and the transformers
+        engine, llama.cpp's for a GGUF)."""
+        return {eos_id, *(token_id(stop) for stop in self.stop)}
 
 
 FAMILIES: dict[str, Family] = {

@@ -63,8 +63,7 @@ def _generation_config(base: ResolvedModel, tokenizer: Any) -> Any:
         generation = GenerationConfig.from_pretrained(base.path)
     else:
         generation = GenerationConfig.from_model_config(AutoConfig.from_pretrained(base.path))
-    stop_ids = [tokenizer.eos_token_id] + tokenizer.convert_tokens_to_ids(list(base.family.stop))
-    generation.eos_token_id = sorted(set(stop_ids))
+    generation.eos_token_id = sorted(base.family.stop_ids(tokenizer.eos_token_id, tokenizer.convert_tokens_to_ids))
     generation.pad_token_id = tokenizer.pad_token_id
     return generation
 

@@ -38,7 +38,7 @@ class LlamaCppEngine:
                 self.no_vision = str(e)
         self.family, self.num_ctx, self.path = family, num_ctx, gguf
         self.files = files or [gguf]  # every shard of a split file (llama.cpp opens the first)
-        self.stops = {self.llm.token_eos(), *(self.encode(s)[0] for s in family.stop)}
+        self.stops = family.stop_ids(self.llm.token_eos(), lambda stop: self.encode(stop)[0])
         # decoded, not skipped (see ChatFormat.markers); a marker is one special token of the vocabulary
         self.markers = {ids[0]: m for m in family.chat.markers if len(ids := self.encode(m)) == 1}
         self._jobs: queue.Queue[Job | None] = queue.Queue(maxsize=max_queue)

@@ -73,7 +73,7 @@ class TransformersEngine:
         self.adapters: dict[str, Path] = {}
         self.max_batch, self.max_queue, self.num_ctx = max_batch, max_queue, num_ctx
         self.max_prefill_tokens = max_prefill_tokens  # padded prompt tokens in one prefill forward (its memory)
-        self.stops = {tokenizer.eos_token_id, *tokenizer.convert_tokens_to_ids(list(family.stop))}
+        self.stops = family.stop_ids(tokenizer.eos_token_id, tokenizer.convert_tokens_to_ids)
         self.grammars = Grammars(tokenizer, sorted(self.stops))
         self.markers = marker_ids(tokenizer, family)  # decoded, not skipped (see ChatFormat.markers)
         # transformers 5.x renamed `past_key_values` to `cache` (the old name warns, then goes in 5.40)
