@@ -131,7 +131,7 @@ class RunDir:
         """Whether every node sees rank 0's run directory: rank 0 writes a random token there and each node's
         first process looks for it. Called by every rank of a multi-node run."""
         probe = self.root / ".gemmaforge-node-probe"
-        token = gather(uuid.uuid4().hex)[0]  # rank 0's
+        token = str(gather(uuid.uuid4().hex)[0])  # rank 0's
         if rank() == 0:
             atomic_write_text(probe, token)
         barrier()

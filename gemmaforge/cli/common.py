@@ -7,6 +7,7 @@ import argparse
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import NoReturn
 
 from gemmaforge.errors import UserError
 
@@ -16,7 +17,7 @@ Verbs = argparse._SubParsersAction
 
 
 class Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # argparse's own exit code is 2 as well; keep its usage line
+    def error(self, message: str) -> NoReturn:  # argparse's own exit code is 2 as well; keep its usage line
         self.print_usage(sys.stderr)
         raise UserError(f"{self.prog}: {message}")
 

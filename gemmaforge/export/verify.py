@@ -68,7 +68,7 @@ def read_back(parts: list[Path]) -> dict[str, Any]:
     type or one running past the end of its file fails here."""
     from gemmaforge.gguf_file import GGUFFormatError, read_gguf
 
-    keys, tensors, tensor_bytes, types = 0, 0, 0, set()
+    keys, tensors, tensor_bytes, types = 0, 0, 0, set[str]()
     for path in parts:
         try:
             file = read_gguf(path)
@@ -87,7 +87,8 @@ def compare(path: Path, sequences: list[list[int]], reference: list[np.ndarray])
 
     llm = llama_cpp.Llama(model_path=str(path), n_ctx=max(map(len, sequences)) + 8, logits_all=True,
                           n_threads=None, verbose=False)
-    agree, kls = [], []
+    agree: list[bool] = []
+    kls: list[float] = []
     for ids, want in zip(sequences, reference):
         llm.reset()
         llm.eval(ids)

@@ -57,7 +57,7 @@ def load_registry(specs: list[str], options: ServeOptions, home: Path) -> Regist
         for spec in specs:
             served = registry.add(spec, options.engine)
             console.print(f"[bold]serve[/]: {served.name} <- {served.source} ({served.engine.kind}"
-                          f"{', adapter on ' + served.parent if served.adapter else ''})")
+                          f"{f', adapter on {served.parent}' if served.adapter else ''})")
     except BaseException:
         registry.close()
         raise

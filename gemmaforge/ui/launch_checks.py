@@ -32,7 +32,7 @@ def preview(config: RunConfig, base: ResolvedModel, n: int = 3) -> list[Preview]
     """The first n conversations of the training data, rendered and masked as training renders them."""
     tokenizer = load_tokenizer(base.path)
     (source, *_), _ = resolve_sources(config.data)
-    cutoff, shown = config.train.cutoff_len, []
+    cutoff, shown = config.train.cutoff_len, list[Preview]()
     for e in encoded_conversations(source.path, source.schema, config.data.system, tokenizer, base.family,
                                    train_on_prompt=config.data.train_on_prompt, mask_history=config.data.mask_history,
                                    vision=ImagePrompt.of(base.path, base.spec, tokenizer)):
