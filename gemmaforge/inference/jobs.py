@@ -193,6 +193,9 @@ class Engine(Protocol):
     family: Family
     device: Any  # where the weights are: "cpu", or a torch device (cuda: GPU memory)
     vision: Any  # how images enter its prompts (vision.ImagePrompt); None: it takes none
+    base_path: Path | None  # the weights it loaded: a model folder or a GGUF file
+    base_name: str | None  # that model as the user named it
+    adapters: dict[str, Path]  # LoRA adapters loaded beside the base weights, by name (never for a GGUF file)
 
     def encode(self, text: str) -> list[int]: ...
 
@@ -217,6 +220,14 @@ class Engine(Protocol):
     def embed(self, texts: list[str], adapter: str | None) -> tuple[list[list[float]], int]:
         """Each text's embedding (the mean of the final hidden states over <bos> and its tokens, cut at the
         context) with `adapter` (None: the base model), and the tokens read."""
+        ...
+
+    def load_adapter(self, name: str, path: Path) -> None:
+        """Load the PEFT adapter at `path` as `name`; ValueError when the engine takes none (a GGUF file)."""
+        ...
+
+    def unload_adapter(self, name: str) -> None:
+        """Fail `name`'s requests and free the adapter."""
         ...
 
     def close(self) -> None: ...

@@ -37,6 +37,9 @@ class LlamaCppEngine:
             except ValueError as e:  # the text model still serves
                 self.no_vision = str(e)
         self.family, self.num_ctx, self.path = family, num_ctx, gguf
+        self.base_path: Path | None = gguf
+        self.base_name: str | None = gguf.name
+        self.adapters: dict[str, Path] = {}
         self.files = files or [gguf]  # every shard of a split file (llama.cpp opens the first)
         self.stops = family.stop_ids(self.llm.token_eos(), lambda stop: self.encode(stop)[0])
         # decoded, not skipped (see ChatFormat.markers); a marker is one special token of the vocabulary
@@ -63,6 +66,13 @@ class LlamaCppEngine:
     def _decode(self, ids: list[int]) -> str:
         return decode_with_markers(ids, self.markers,
                                    lambda run: self.llm.detokenize(run).decode("utf-8", errors="replace"))
+
+    def load_adapter(self, name: str, path: Path) -> None:
+        raise ValueError(f"{self.path.name} is a GGUF file, served without adapters: serve the run's merged model, "
+                         "or the base model with the adapter (--engine transformers)")
+
+    def unload_adapter(self, name: str) -> None:
+        raise KeyError(name)  # none is ever loaded
 
     def submit(self, job: Job) -> None:
         if self._closed:

@@ -136,7 +136,7 @@ class Registry:
         if (adapter_dir / "run.yaml").is_file():
             run = RunDir.open(adapter_dir)
             return self._add_run(adapter_dir, "transformers", name, adapter_dir=run.adapter_dir)
-        engines = [cast("TransformersEngine", e) for e in self.engines.values() if e.kind == "transformers"]
+        engines = [e for e in self.engines.values() if e.kind == "transformers"]
         base = _adapter_base(adapter_dir)
         matching = [e for e in engines if base and Path(base).expanduser().resolve() == e.base_path] or engines
         if len(matching) != 1:
@@ -194,9 +194,8 @@ class Registry:
             mmproj=mmproj, no_vision=several))
         return self._register(Served(name, engine, None, family, source or path))
 
-    def _transformers_engine(self, base: ResolvedModel, reference: str) -> TransformersEngine:
-        return cast("TransformersEngine", self._engine(base.path.resolve(),
-                                                       lambda: _load_transformers(base, reference, self)))
+    def _transformers_engine(self, base: ResolvedModel, reference: str) -> Engine:
+        return self._engine(base.path.resolve(), lambda: _load_transformers(base, reference, self))
 
     def _engine(self, key: Path, load: Callable[[], Engine]) -> Engine:
         """The engine holding `key` (a base model folder or a GGUF file): loaded once, and again after an unload."""
@@ -217,7 +216,7 @@ class Registry:
         served.adapter_dir, served.expires_at = adapter_dir, self._expiry(self.keep_alive)
         if adapter_dir is not None:
             served.adapter = served.name
-            cast("TransformersEngine", served.engine).load_adapter(served.name, adapter_dir)
+            served.engine.load_adapter(served.name, adapter_dir)
         served.details = _details(served)
         weights = [adapter_dir / "adapter_model.safetensors"] if adapter_dir else served.engine.weight_files()
         served.size = sum(p.stat().st_size for p in weights)
@@ -256,8 +255,8 @@ class Registry:
             served.expires_at, served.keep_alive = None, keep_alive
             if not served.loaded:
                 engine = self._engine(cast(Path, served.engine_key), self._loaders[cast(Path, served.engine_key)])
-                if served.adapter is not None and served.adapter not in cast("TransformersEngine", engine).adapters:
-                    cast("TransformersEngine", engine).load_adapter(served.adapter, cast(Path, served.adapter_dir))
+                if served.adapter is not None and served.adapter not in engine.adapters:
+                    engine.load_adapter(served.adapter, cast(Path, served.adapter_dir))
                 served.engine, served.loaded = engine, True
             return served
 
@@ -285,7 +284,7 @@ class Registry:
         """Unload what no other loaded name still uses (a copy shares its model's engine and adapter)."""
         users = [m for m in self.models.values() if m.loaded and m.engine is served.engine and m is not served]
         if served.adapter is not None and not any(m.adapter == served.adapter for m in users):
-            cast("TransformersEngine", served.engine).unload_adapter(served.adapter)
+            served.engine.unload_adapter(served.adapter)
         if not users and close_base and served.engine_key in self.engines:
             self.engines.pop(cast(Path, served.engine_key)).close()
 
