@@ -34,7 +34,7 @@ from gemmaforge.serve import protocol as p
 from gemmaforge.serve.admin import admin_routes
 from gemmaforge.serve.ollama_api import OllamaDialect
 from gemmaforge.serve.openai_api import OpenAIDialect, model_object
-from gemmaforge.serve.protocol import ApiError, Dialect, Limits, bad
+from gemmaforge.serve.protocol import ApiError, Dialect, Limits, LoadOnly, bad
 from gemmaforge.serve.registry import Registry, Served, check_name
 
 MAX_BODY = 32 * 2**20  # a few camera photos in base64
@@ -192,9 +192,10 @@ def create_app(registry: Registry, *, api_key: str | None = None, max_tokens: in
         served, keep = await ready(data)
         try:  # images are decoded while parsing: off the event loop
             completion = await asyncio.to_thread(dialect.parse, data, served, chat)
-            if isinstance(completion, dict):  # a request that only loads the model, or with keep_alive 0 unloads it
+            if isinstance(completion, LoadOnly):  # with keep_alive 0 it unloads the model
                 registry.keep(served.name)
-                return JSONResponse({**completion, "done_reason": "unload"} if keep == 0 else completion)
+                answer = completion.answer
+                return JSONResponse({**answer, "done_reason": "unload"} if keep == 0 else answer)
             if completion.grammar:
                 try:
                     await asyncio.to_thread(served.engine.compile_grammar, completion.grammar)

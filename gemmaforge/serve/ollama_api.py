@@ -15,6 +15,7 @@ from gemmaforge.inference.jobs import Delta, Event, Finished
 from gemmaforge.serve.protocol import (
     OLLAMA_DEFAULTS,
     Completion,
+    LoadOnly,
     bad,
     chat_prompt,
     field,
@@ -36,11 +37,11 @@ _NEUTRAL_OPTIONS = {"frequency_penalty": 0, "presence_penalty": 0, "mirostat": 0
 class OllamaDialect:
     media_type = "application/x-ndjson"
 
-    def parse(self, data: dict[str, Any], served: Served, chat: bool) -> Completion | dict[str, Any]:
+    def parse(self, data: dict[str, Any], served: Served, chat: bool) -> Completion | LoadOnly:
         refuse_unsupported(data)
         if not (data.get("messages") if chat else data.get("prompt") or data.get("raw")):  # loads the model
             empty = {"message": {"role": "assistant", "content": ""}} if chat else {"response": ""}
-            return {"model": data["model"], "created_at": now(), **empty, "done": True, "done_reason": "load"}
+            return LoadOnly({"model": data["model"], "created_at": now(), **empty, "done": True, "done_reason": "load"})
         think, tools = think_of(data), tools_of(data) if chat else []
         if chat:
             messages = messages_of(data, served.family.chat.image)

@@ -75,13 +75,21 @@ class Completion:
         return read_whole(reader, text) if reader else Pieces(text)
 
 
+@dataclass(frozen=True)
+class LoadOnly:
+    """A request that asks for no generation (Ollama's empty prompt: load the model, or unload it with keep_alive
+    0), and the answer its dialect gives it."""
+
+    answer: dict[str, Any]
+
+
 class Dialect(Protocol):
     """An API's side of the completion routes: its bodies parsed into a Completion, events rendered back."""
 
     media_type: str  # of a streamed answer
 
-    def parse(self, data: dict[str, Any], served: Served, chat: bool) -> Completion | dict[str, Any]:
-        """The request, or an answer that needs no generation (Ollama's model load)."""
+    def parse(self, data: dict[str, Any], served: Served, chat: bool) -> Completion | LoadOnly:
+        """The request, or one that needs no generation (Ollama's model load)."""
         ...
 
     def stream(self, c: Completion, events: AsyncIterator[Event]) -> AsyncIterator[bytes]: ...
