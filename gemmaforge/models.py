@@ -113,7 +113,7 @@ def text_attention(multimodal: bool, implementation: str) -> str | dict[str, str
 def fast_last_position_logits(model: Any) -> Any:
     """Generation asks for the last position's logits only (`logits_to_keep`), handing the output layer a
     view of the hidden states whose batch stride is not rows x hidden. torch's CPU linear then copies the
-    whole weight first: 0.7 s for Gemma's 262k-row output layer at every prefill (measured, bf16 and fp32).
+    whole weight first, at every prefill (benchmarks/README.md, evaluation: Gemma's 262k-row output layer).
     A fresh copy of the (batch, 1, hidden) input costs nothing and takes the fast path."""
 
     def standard_layout(_module: Any, args: tuple[Any, ...]) -> tuple[Any, ...] | None:

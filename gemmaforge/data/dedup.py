@@ -199,9 +199,9 @@ class Deduplicator:
     def _signature(self, text: str) -> np.ndarray:
         """One-permutation MinHash with optimal densification (Shrivastava 2017): one hash per shingle, whose top
         bits pick one of NUM_PERM bins; a bin keeps its minimum, and an empty bin copies another bin. The Jaccard
-        estimate stays unbiased at one hash per shingle instead of NUM_PERM: with 128 (a*x+b) hash functions a
-        check was measured 1.2-2x slower on 150-character texts and 8x slower on 1000-character ones. Returns the
-        top 32 bits of the NUM_PERM minima."""
+        estimate stays unbiased at one hash per shingle instead of NUM_PERM (one (a*x+b) hash function per bin
+        costs NUM_PERM times the hashing: benchmarks/README.md, data preparation). Returns the top 32 bits of the
+        NUM_PERM minima."""
         if not unicodedata.is_normalized("NFKC", text):
             text = unicodedata.normalize("NFKC", _FULLWIDTH.sub(lambda m: _HALFWIDTH[m[0]], text))
         normal = text.lower()

@@ -149,7 +149,7 @@ class TransformersEngine:
     def call(self, fn: Callable[[Any], T], adapter: str | None = None) -> T:
         """fn(model) computed on the engine's thread between two steps, with `adapter` (None: the base model),
         under inference mode. A caller's own forward passes (eval's loss) run where the engine's run: torch
-        work done on the caller's thread slowed the engine's next steps by a fifth on a 2-core CPU."""
+        work done on the caller's thread slows the engine's next steps (benchmarks/README.md, evaluation)."""
         done: Future[T] = Future()
         with self._wake:
             if self._closed:
@@ -200,8 +200,8 @@ class TransformersEngine:
     # ------------------------------------------------------------------ the scheduler
 
     def _loop(self) -> None:
-        # this thread's own intra-op setting: without it a step took 30% longer on a 2-core CPU
-        # (benchmarks/eval_generation.py), although get_num_threads() reads the same number either way
+        # this thread's own intra-op setting: without it steps are slower (benchmarks/README.md, evaluation),
+        # although get_num_threads() reads the same number either way
         torch.set_num_threads(torch.get_num_threads())
         turns = itertools.count()
         while True:

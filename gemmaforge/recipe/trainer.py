@@ -122,9 +122,9 @@ def encode_split(run: RunDir, config: RunConfig, tokenizer: Any, family: Family,
 
 # oneDNN, which runs the CPU's matmuls, keeps a compiled kernel for every shape it meets, up to 1024, and
 # PyTorch's ideep layer above it keeps its own cache of matmul objects per shape and thread (LRU_CACHE_CAPACITY,
-# also 1024). Packed batches bring new shapes at every step (each example's attention has its own length): a
-# packed CPU run held 1.6 GiB more after 115 steps, still growing. Bounded caches give the same step time and
-# memory that levels off (benchmarks/README.md).
+# also 1024). Packed batches bring new shapes at every step (each example's attention has its own length), so a
+# packed CPU run's memory grew for as long as it trained; bounded caches give the same step time and memory that
+# levels off (benchmarks/README.md, the memory planner's section).
 CPU_KERNEL_CACHES = {"ONEDNN_PRIMITIVE_CACHE_CAPACITY": "128", "LRU_CACHE_CAPACITY": "16"}
 
 
