@@ -343,7 +343,7 @@ def test_bf16_matmuls_in_fp32_leave_the_tracked_peak_and_the_dtypes_as_they_are(
     ("gemma4-moe", "bf16", True, {"expert_lora": True}),
     ("gemma4-dense", "bf16", False, {}),
     ("gemma4-unified", "bf16", True, {}),
-    ("gemma2", "bf16", False, {}),  # eager attention: its T x T probabilities (measured: the plan 12% above)
+    ("gemma2", "bf16", False, {}),  # eager attention: its T x T probabilities (measured: the plan 7% above)
 ])
 @pytest.mark.slow
 def test_the_plan_predicts_the_measured_peak_of_a_training_step(kind: str, precision: str, packing: bool,
@@ -351,7 +351,7 @@ def test_the_plan_predicts_the_measured_peak_of_a_training_step(kind: str, preci
                                                                 checkpoint_of, text_checkpoint_of,
                                                                 tmp_path: Path) -> None:
     """Plan a config as for a GPU (the counted terms, no CPU runtime or heap), then train a step on the CPU
-    and measure the peak of live tensor memory: within 20% (measured: the plan 1-16% above)."""
+    and measure the peak of live tensor memory: within 20% (measured at batch 2: the plan 3-7% above)."""
     from gemmaforge.models import load_tokenizer
     from gemmaforge.train.loss import install_supervised_forward
     from gemmaforge.train.wrapping import build_peft_model
@@ -361,7 +361,7 @@ def test_the_plan_predicts_the_measured_peak_of_a_training_step(kind: str, preci
     checkpointing = overrides.get("gradient_checkpointing", False)
     lora = ({"lora_dropout": 0.0, "target_parameters": ["experts.gate_up_proj", "experts.down_proj"]}
             if overrides.get("expert_lora") else {})
-    batch, cutoff = 4, 256
+    batch, cutoff = 2, 256
     config = run_config(lora=lora, train={"per_device_train_batch_size": batch, "cutoff_len": cutoff,
                                           "packing": packing,
                                           "gradient_checkpointing": checkpointing, "logits_chunk_size": 16})
