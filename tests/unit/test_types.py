@@ -8,6 +8,7 @@ import re
 import subprocess
 import sys
 import tomllib
+import uuid
 from pathlib import Path
 
 import pytest
@@ -21,7 +22,7 @@ ROOT = Path(__file__).parents[2]
 def test_mypy_finds_nothing_in_the_package_and_the_error_it_is_shown(tmp_path: Path) -> None:
     """One run over the package and a probe with one wrong type: exactly the probe's error comes back, so the checker
     is alive and the package is clean."""
-    probe = tmp_path / "probe_module.py"
+    probe = tmp_path / f"probe_{uuid.uuid4().hex}.py"  # a new module each run: mypy's cache maps a name to its path
     probe.write_text('count: int = "three"\n')
     found = subprocess.run([sys.executable, "-m", "mypy", "--cache-dir", str(cache_root() / "mypy"), "gemmaforge",
                             str(probe)], cwd=ROOT, capture_output=True, text=True)
