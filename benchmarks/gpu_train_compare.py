@@ -91,7 +91,6 @@ def build(args: argparse.Namespace) -> dict[str, Any]:
 
     from gemmaforge.families import FAMILIES
     from gemmaforge.models import default_home, resolve_model
-    from gemmaforge.templates import hf_chat_template
 
     args.work.mkdir(parents=True, exist_ok=True)
     records = long_tailed_records(RECORDS)
@@ -110,7 +109,7 @@ def build(args: argparse.Namespace) -> dict[str, Any]:
             for file in ("tokenizer.json", "tokenizer_config.json"):
                 (folder / file).write_bytes((embedded.path / file).read_bytes())
         tokenizer = AutoTokenizer.from_pretrained(folder)  # every trainer renders the family's own chat format
-        tokenizer.chat_template = hf_chat_template(FAMILIES[name.split("-")[0]])
+        tokenizer.chat_template = FAMILIES[name.split("-")[0]].chat.jinja()
         tokenizer.save_pretrained(folder)
     return {"records": len(records), "median_chars": lengths[len(lengths) // 2], "longest_chars": lengths[-1],
             "models": args.models, "trainers": args.trainers}

@@ -23,7 +23,6 @@ from pathlib import Path
 from gemmaforge.config import load_config
 from gemmaforge.families import FAMILIES
 from gemmaforge.models import default_home, resolve_model
-from gemmaforge.templates import render_conversation
 
 MAX_NEW_TOKENS = 96
 # eval/results.json keys shown, in report.md's order
@@ -108,7 +107,7 @@ def main() -> None:
 
     val = [json.loads(line)["messages"] for line in (run / "data" / "val.jsonl").read_text().splitlines()]
     questions = [m[:-1] for m in val[: args.questions]]
-    prompts = [render_conversation(q, FAMILIES["gemma3"], add_generation_prompt=True).text for q in questions]
+    prompts = [FAMILIES["gemma3"].chat.render(q, add_generation_prompt=True).text for q in questions]
     before = answer_with_transformers(resolve_model(config.model.name_or_path, default_home()).path, prompts)
     after = answer_with_llama_cpp(run / "gguf" / "model-q8_0.gguf", prompts)
     for q, b, a in zip(questions, before, after):

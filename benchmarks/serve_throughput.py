@@ -91,13 +91,12 @@ def raw_llama_cpp(gguf: Path, questions: list[str], args: argparse.Namespace) ->
     import llama_cpp
 
     from gemmaforge.families import FAMILIES
-    from gemmaforge.templates import render_conversation
 
     llm = llama_cpp.Llama(model_path=str(gguf), n_ctx=4096, n_threads=os.cpu_count(), verbose=False)
     stop = llm.tokenize(b"<end_of_turn>", add_bos=False, special=True)[0]
     rates, ttfts = [], []
     for q in questions[: args.requests]:
-        text = render_conversation([{"role": "user", "content": q}], FAMILIES["gemma3"],
+        text = FAMILIES["gemma3"].chat.render([{"role": "user", "content": q}],
                                    add_generation_prompt=True).text
         ids = llm.tokenize(text.encode(), add_bos=False, special=True)
         begin, first, n = time.perf_counter(), None, 0

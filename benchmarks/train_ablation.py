@@ -41,10 +41,10 @@ MICRO_BATCH = 4
 
 def child(variant: str, work: Path, n_examples: int) -> dict[str, Any]:
     """Measure one variant in this process."""
+    from gemmaforge.chat.conversation import IGNORE_INDEX
     from gemmaforge.config import validate_config
     from gemmaforge.data.prepare import read_prepared
     from gemmaforge.models import default_home, load_tokenizer, resolve_model
-    from gemmaforge.templates import IGNORE_INDEX, hf_chat_template
     from gemmaforge.train import loss, wrapping
     from gemmaforge.train.collate import RightPadCollator, tokenize_conversations
     from gemmaforge.train.packing import PackedCollator, pack_examples
@@ -64,7 +64,7 @@ def child(variant: str, work: Path, n_examples: int) -> dict[str, Any]:
         loss.linear_cross_entropy = lambda *args: None  # the autograd path (chunked, recomputed in backward)
     base = resolve_model(MODEL, default_home())
     tokenizer = load_tokenizer(base.path)
-    tokenizer.chat_template = hf_chat_template(base.family)
+    tokenizer.chat_template = base.family.chat.jinja()
     rows, _ = tokenize_conversations(read_prepared(work / "data" / "train.jsonl"), tokenizer, base.family, CUTOFF,
                                      "train.jsonl")
     rows = random.Random(SEED).sample(rows, min(n_examples, len(rows)))

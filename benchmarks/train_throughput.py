@@ -52,8 +52,8 @@ from typing import Any
 
 import yaml
 
+from gemmaforge.chat.conversation import IGNORE_INDEX, Message
 from gemmaforge.models import ResolvedModel, default_home, resolve_model
-from gemmaforge.templates import IGNORE_INDEX, Message, encode_for_training, hf_chat_template, render_conversation
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_DATA = ROOT / "examples" / "data" / "coffee_qa.json"
@@ -162,7 +162,7 @@ def train_recipe(work: Path, setup: Setup, out: Path) -> dict[str, Any]:
     base = base_model()
     tokenizer = AutoTokenizer.from_pretrained(base.path)
     tokenizer.pad_token = tokenizer.eos_token
-    texts = [render_conversation(m, base.family).text for m in read_split(work, "train")]
+    texts = [base.family.chat.render(m).text for m in read_split(work, "train")]
     dataset = Dataset.from_dict({"text": texts}).map(
         lambda batch: tokenizer(batch["text"], add_special_tokens=False, padding="max_length", truncation=True,
                                 max_length=setup.cutoff),
@@ -191,7 +191,7 @@ def train_trl(work: Path, setup: Setup, out: Path) -> dict[str, Any]:
 
     base = base_model()
     tokenizer = AutoTokenizer.from_pretrained(base.path)
-    tokenizer.chat_template = hf_chat_template(base.family)
+    tokenizer.chat_template = base.family.chat.jinja()
     dataset = Dataset.from_list([{"messages": m} for m in read_split(work, "train")])
     args = SFTConfig(
         output_dir=str(out / "trainer"), max_length=setup.cutoff, max_steps=setup.steps,
@@ -348,7 +348,7 @@ def matmul_flops(dtype_name: str = "fp32", size: int = 2048, repeats: int = 8) -
 def encode_split(messages: list[list[Message]], tokenizer: Any, base: ResolvedModel) -> list[dict[str, list[int]]]:
     rows = []
     for conversation in messages:
-        ids, labels = encode_for_training(conversation, tokenizer, base.family, CUTOFF)
+        ids, labels = base.family.chat.encode(conversation, tokenizer, CUTOFF)
         rows.append({"input_ids": ids, "labels": labels})
     return rows
 

@@ -9,31 +9,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from gemmaforge.chat.format import ChatFormat
+from gemmaforge.chat.gemma import GEMMA_TURNS
+from gemmaforge.chat.gemma4 import GEMMA4_FORMAT
 from gemmaforge.errors import UserError
-
-
-@dataclass(frozen=True)
-class ChatFormat:
-    """The turn markers of a family's chat format (see templates.py for the renderings)."""
-
-    turn_start: str  # opens a turn, followed by the role and "\n"
-    turn_end: str  # closes a turn's content; followed by "\n"
-    system_turn: bool  # True: system is its own turn; False: folded into the first user turn
-    system_separator: str  # between folded system text and the first user text
-    tool_style: str  # "gemma4": its official tool tokens; "default": LLaMA-Factory's (tool_text.py)
-    thinking: bool  # has a thought channel (`think`)
-    image: str  # what the official template writes for an image (vision.py expands it)
-    image_margin: str  # what Gemma's processor writes on each side of an image's tokens
-    # special tokens an answer may contain that carry its structure (thoughts, tool calls): decoded, not skipped
-    markers: tuple[str, ...] = ()
-
-
-GEMMA_TURNS = ChatFormat("<start_of_turn>", "<end_of_turn>", system_turn=False, system_separator="\n\n",
-                         tool_style="default", thinking=False, image="<start_of_image>",
-                         image_margin="\n\n")
-GEMMA4_TURNS = ChatFormat("<|turn>", "<turn|>", system_turn=True, system_separator="", tool_style="gemma4",
-                          thinking=True, image="<|image|>", image_margin="",
-                          markers=("<|channel>", "<channel|>", "<|tool_call>", "<tool_call|>", '<|"|>'))
 
 
 @dataclass(frozen=True)
@@ -42,7 +21,7 @@ class Family:
     hf_model_types: tuple[str, ...]  # config.model_type values of this family
     gguf_arch: str  # general.architecture in GGUF
     gguf_norm_shift: bool  # GGUF stores RMSNorm weights as w + 1
-    chat: ChatFormat
+    chat: ChatFormat  # renders and reads its conversations (gemmaforge/chat/)
     stop: tuple[str, ...]  # stop strings for runtimes (Ollama PARAMETER stop)
     default_lora_targets: tuple[str, ...]
     attn_implementation: str  # what training should ask transformers for
@@ -98,7 +77,7 @@ FAMILIES: dict[str, Family] = {
             hf_model_types=("gemma4_text", "gemma4", "gemma4_unified_text", "gemma4_unified"),
             gguf_arch="gemma4",
             gguf_norm_shift=False,
-            chat=GEMMA4_TURNS,
+            chat=GEMMA4_FORMAT,
             stop=("<turn|>", "<|tool_response>"),  # a tool call ends with <|tool_response>: the tool answers next
             default_lora_targets=("q_proj", "k_proj", "v_proj", "o_proj"),
             attn_implementation="sdpa",

@@ -115,10 +115,9 @@ def stage_merge(run: RunDir, base: ResolvedModel, target: Path | None = None) ->
 def stage_export_gguf(run: RunDir, config: RunConfig, base: ResolvedModel, quants: list[str],
                       output: Path | None = None, split: Split | None = None) -> None:
     from gemmaforge.export.gguf import write_gguf
-    from gemmaforge.templates import hf_chat_template
 
     merged = run.require(run.merged_dir / "config.json", "merge").parent
-    template = hf_chat_template(base.family)
+    template = base.family.chat.jinja()
     targets = gguf_targets(quants, output, run.gguf_path)
     with run.stage("export_gguf") as record:
         files = {}
@@ -142,12 +141,11 @@ def stage_export_adapter(run: RunDir, base: ResolvedModel) -> None:
     from gemmaforge.export.gguf import write_gguf
     from gemmaforge.export.gguf_adapter import write_adapter_gguf
     from gemmaforge.export.ollama import ADAPTER_GGUF, BASE_GGUF
-    from gemmaforge.templates import hf_chat_template
 
     adapter = run.require(run.adapter_dir / "adapter_config.json", "train").parent
     with run.stage("export_adapter") as record:
         path = write_adapter_gguf(adapter, run.gguf_dir / ADAPTER_GGUF, base.spec)
-        base_gguf = write_gguf(base.path, run.gguf_dir / BASE_GGUF, "f16", chat_template=hf_chat_template(base.family))
+        base_gguf = write_gguf(base.path, run.gguf_dir / BASE_GGUF, "f16", chat_template=base.family.chat.jinja())
         record.update(adapter=str(path), base=str(base_gguf))
     console.print(f"[bold]export gguf[/]: {path} on {base_gguf} (llama.cpp --lora; `export ollama --adapter` "
                   "writes a Modelfile with FROM base and ADAPTER)")

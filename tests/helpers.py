@@ -78,7 +78,7 @@ def example(n: int, supervised_from: int, seed: int) -> dict[str, list[int]]:
     """A tokenized example of n random ids after <bos>, supervised from position `supervised_from`."""
     import torch
 
-    from gemmaforge.templates import IGNORE_INDEX
+    from gemmaforge.chat.conversation import IGNORE_INDEX
 
     ids = [2] + torch.randint(10, 5000, (n - 1,), generator=torch.Generator().manual_seed(seed)).tolist()
     return {"input_ids": ids, "labels": [IGNORE_INDEX] * supervised_from + ids[supervised_from:]}

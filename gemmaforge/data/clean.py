@@ -11,8 +11,8 @@ import html
 import re
 import unicodedata
 
+from gemmaforge.chat.conversation import Message
 from gemmaforge.config import CleanConfig
-from gemmaforge.templates import Message
 
 _TAG_NAMES = (
     "a|abbr|article|aside|b|big|blockquote|body|br|caption|center|cite|code|dd|del|div|dl|dt|em|figcaption|figure|"

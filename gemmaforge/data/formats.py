@@ -21,10 +21,11 @@ import json
 from dataclasses import dataclass, replace
 from typing import Any
 
+from gemmaforge.chat.conversation import Message, check_roles
+from gemmaforge.chat.gemma4 import split_marked_thought
+from gemmaforge.chat.tools import Tool, ToolCall, normalize_call, normalize_tool
 from gemmaforge.config import Formatting
 from gemmaforge.errors import UserError
-from gemmaforge.templates import THOUGHT_CLOSE, THOUGHT_OPEN, Message, check_roles
-from gemmaforge.tool_text import Tool, ToolCall, normalize_call, normalize_tool
 
 IMAGE_PLACEHOLDER = "<image>"  # LLaMA-Factory's: where one of a record's images goes in its text
 IMAGEFOLDER_COLUMN = "file_name"  # Hugging Face's imagefolder metadata: the record's image beside the JSONL
@@ -226,11 +227,9 @@ def _turns(record: dict[str, Any], schema: Schema, where: str) -> list[Message]:
                 raise UserError(f"{at}: tool_calls must be a list")
             message["tool_calls"] = [_checked(normalize_call, c, f"{at}: tool_calls[{j}]") for j, c in enumerate(calls)]
         thinking = turn.get("thinking", turn.get("reasoning_content")) if role == "assistant" else None
-        marked = content.lstrip()
-        if role == "assistant" and not thinking and marked.startswith(THOUGHT_OPEN) and THOUGHT_CLOSE in marked:
-            # Gemma 4's own markup in the answer (as LLaMA-Factory's gemma4 template writes thoughts): its thinking
-            thinking, _, message["content"] = marked.removeprefix(THOUGHT_OPEN).partition(THOUGHT_CLOSE)
-            thinking = thinking.removesuffix("\n")
+        marked = split_marked_thought(content) if role == "assistant" and not thinking else None
+        if marked:  # Gemma 4's own markup in the answer (as LLaMA-Factory's gemma4 template writes thoughts)
+            thinking, message["content"] = marked
         if thinking:
             message["thinking"] = _text(thinking, f"{at}: thinking")
         if role == "tool":

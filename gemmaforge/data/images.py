@@ -17,10 +17,10 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlparse
 
+from gemmaforge.chat.conversation import Message
 from gemmaforge.data.formats import IMAGE_PLACEHOLDER, Schema, record_images
 from gemmaforge.errors import UserError
 from gemmaforge.intake import check_picture, data_uri_bytes
-from gemmaforge.templates import Message
 from gemmaforge.vision import ImagePrompt
 
 

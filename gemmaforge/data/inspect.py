@@ -16,12 +16,12 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from gemmaforge.chat.conversation import IGNORE_INDEX, Message, supervised_labels
 from gemmaforge.data.formats import Schema, detect_schema, to_messages
 from gemmaforge.data.images import ImageFinder
 from gemmaforge.data.prepare import describe_lengths
 from gemmaforge.data.sources import data_files, iter_records
 from gemmaforge.families import Family
-from gemmaforge.templates import IGNORE_INDEX, Message, check_features, render_conversation, supervised_labels
 from gemmaforge.train.collate import encode_with_images
 from gemmaforge.vision import ImagePrompt
 
@@ -51,7 +51,7 @@ def encoded_conversations(path: Path, schema: Schema | None, system: str | None,
                 if file_schema is None:
                     file_schema = detect_schema(record, where)
                 messages = to_messages(record, file_schema, where, system)
-                check_features(messages, family, where)
+                family.chat.check_features(messages, where)
                 pictures = [image.path for image in finder.in_record(record, messages, file_schema, where,
                                                                      file.parent, vision, family.chat.image)]
                 if not pictures:
@@ -65,7 +65,7 @@ def encode(
     messages: list[Message], tokenizer: Any, family: Family, *, train_on_prompt: bool, mask_history: bool
 ) -> tuple[str, list[int], list[int], list[tuple[int, int]]]:
     """(text, ids, labels, offsets) of one conversation, untruncated."""
-    rendered = render_conversation(messages, family, train_on_prompt=train_on_prompt, mask_history=mask_history)
+    rendered = family.chat.render(messages, train_on_prompt=train_on_prompt, mask_history=mask_history)
     enc = tokenizer(rendered.text, add_special_tokens=False, return_offsets_mapping=True)
     ids, offsets = enc["input_ids"], [tuple(o) for o in enc["offset_mapping"]]
     return rendered.text, ids, supervised_labels(ids, offsets, rendered.supervised), offsets

@@ -25,6 +25,7 @@ from typing import IO, Any
 
 from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn
 
+from gemmaforge.chat.conversation import Message, Rendered, has_content
 from gemmaforge.config import DataConfig
 from gemmaforge.console import console
 from gemmaforge.data.clean import clean_messages
@@ -41,7 +42,6 @@ from gemmaforge.data.sources import data_files, file_sha256, iter_records
 from gemmaforge.errors import UserError
 from gemmaforge.families import Family
 from gemmaforge.runs import atomic_write_text
-from gemmaforge.templates import Message, Rendered, check_features, has_content, render_conversation
 from gemmaforge.vision import ImagePrompt
 
 BATCH_SIZE = 512  # conversations tokenized per call: the fast tokenizer's batching amortises its overhead
@@ -156,7 +156,7 @@ class Preparer:
     def _convert(self, record: Any, schema: Any, where: str, tally: Tally, media: Path) -> Example | None:
         clean = self.config.clean
         messages = to_messages(record, schema, where, self.config.system)
-        check_features(messages, self.family, where)
+        self.family.chat.check_features(messages, where)
         images = self._images(record, messages, schema, where, media)
         empty = next((m for m in messages if not has_content(m)), None)
         if empty is not None:
@@ -191,7 +191,7 @@ class Preparer:
 
     def _render(self, example: Example, **options: Any) -> Rendered:
         """The conversation as training tokenizes it: each image's placeholder expanded into its tokens."""
-        rendered = render_conversation(example.messages, self.family, **options)
+        rendered = self.family.chat.render(example.messages, **options)
         if not example.images:
             return rendered
         assert self.vision.prompt is not None  # _images refused images without it

@@ -10,12 +10,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from gemmaforge.chat.conversation import Message
 from gemmaforge.data.formats import IMAGE_PLACEHOLDER
 from gemmaforge.errors import StageError, UserError
 from gemmaforge.families import Family
 from gemmaforge.inference.jobs import Delta, Engine, Failed, Job, Params
 from gemmaforge.intake import decode_picture
-from gemmaforge.templates import Message, render_conversation
 
 
 @dataclass(frozen=True)
@@ -43,7 +43,7 @@ class Sampling:
 
 
 def prompt_ids(tokenizer: Any, family: Family, messages: list[Message]) -> list[int]:
-    text = render_conversation(messages, family, add_generation_prompt=True).text
+    text = family.chat.render(messages, add_generation_prompt=True).text
     return tokenizer(text, add_special_tokens=False).input_ids
 
 
@@ -64,7 +64,7 @@ class EngineGenerator:
         if not pictures:
             return prompt_ids(self.tokenizer, family, messages), None
         messages = [{**m, "content": m["content"].replace(IMAGE_PLACEHOLDER, family.chat.image)} for m in messages]
-        text = render_conversation(messages, family, add_generation_prompt=True).text
+        text = family.chat.render(messages, add_generation_prompt=True).text
         try:
             return self.engine.encode_images(text, [decode_picture(p.read_bytes(), str(p)) for p in pictures])
         except ValueError as e:

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from importlib import resources
 from typing import Any
 
-from gemmaforge.templates import IGNORE_INDEX, Message
+from gemmaforge.chat.conversation import IGNORE_INDEX, Message
 
 ASSETS = resources.files("gemmaforge.evaluate") / "assets"
 

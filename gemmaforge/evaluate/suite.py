@@ -26,10 +26,10 @@ from typing import Any
 
 import yaml
 
+from gemmaforge.chat.conversation import Message
 from gemmaforge.data.formats import IMAGE_PLACEHOLDER
 from gemmaforge.data.images import ImageFinder
 from gemmaforge.errors import UserError
-from gemmaforge.templates import Message
 
 
 def _regex(answer: str, pattern: str) -> bool:
@@ -191,7 +191,7 @@ def _case_messages(raw: dict[str, Any], where: str) -> list[Message]:
 
 
 def _check_ends_with_user(messages: list[Message], where: str) -> None:
-    from gemmaforge.templates import check_roles
+    from gemmaforge.chat.conversation import check_roles
 
     check_roles(messages, where)
     if messages[-1]["role"] != "user":

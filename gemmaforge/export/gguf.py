@@ -342,18 +342,15 @@ def check_room(folder: Path, needed: int) -> None:
         raise UserError(f"{folder}: {free / 2**30:.2f} GiB free, the GGUF file needs {needed / 2**30:.2f} GiB")
 
 
-# Gemma 4's chat-syntax tokens that must stay visible in output for chat parsers (llama.cpp's converter)
-_GEMMA4_VISIBLE = {"<|channel>", "<channel|>", "<|tool_call>", "<tool_call|>", "<|tool_response>",
-                   "<tool_response|>", '<|"|>'}
-
-
-def _gemma4_vocab_to_gguf(w: gguf.GGUFWriter, model_dir: Path, n_vocab: int, chat_template: str | None) -> None:
+def _gemma4_vocab_to_gguf(w: gguf.GGUFWriter, model_dir: Path, n_vocab: int, chat_template: str | None,
+                          visible: tuple[str, ...]) -> None:
     """Gemma 4's BPE vocabulary with its merges, written as llama.cpp's Gemma4Model writes it (tokens as the gguf
-    package's tokenizer.json reader gives them, every score -1000, merges and special ids by its SpecialVocab)."""
+    package's tokenizer.json reader gives them, every score -1000, merges and special ids by its SpecialVocab); the
+    chat-syntax tokens `visible` are user-defined, so that they stay in output for chat parsers."""
     tokens, types = [], []
     for text, kind in bpe_tokens(model_dir):
         tokens.append(text)
-        types.append(gguf.TokenType.USER_DEFINED if text in _GEMMA4_VISIBLE else kind)
+        types.append(gguf.TokenType.USER_DEFINED if text in visible else kind)
     if len(tokens) != n_vocab:
         raise UserError(f"{model_dir}/tokenizer.json has {len(tokens)} tokens, the embedding {n_vocab} rows")
     w.add_tokenizer_model("gemma4")
@@ -419,7 +416,7 @@ def write_gguf(
         writer.add_file_type(file_type)
         writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
         if gemma4:
-            _gemma4_vocab_to_gguf(writer, model_dir, embedding.shape[0], chat_template)
+            _gemma4_vocab_to_gguf(writer, model_dir, embedding.shape[0], chat_template, family.chat.syntax_tokens)
         else:
             _vocab_to_gguf(writer, load_vocab(model_dir, embedding.shape[0], spec.special_token_ids), chat_template)
 

@@ -15,7 +15,6 @@ from gemmaforge.export.merge_in_place import merge_into_copy
 from gemmaforge.model_spec import ModelSpec
 from gemmaforge.models import ResolvedModel, load_tokenizer
 from gemmaforge.runs import RunDir, atomic_dir
-from gemmaforge.templates import hf_chat_template
 
 # What a multimodal checkpoint's processor reads beside the tokenizer (image and audio preprocessing): copied
 # unchanged, so AutoProcessor loads the merged folder as it loads the base. Its chat template is not among
@@ -42,7 +41,7 @@ def merge_adapter(adapter: Path, base: ResolvedModel, target: Path) -> dict[str,
                         "weights and needs the full-precision checkpoint it was quantized from (model: its hub id)")
     # the adapter's tokenizer when it saved one (a run's, LLaMA-Factory's output_dir), else the base's
     tokenizer = load_tokenizer(adapter if (adapter / "tokenizer_config.json").is_file() else base.path)
-    tokenizer.chat_template = hf_chat_template(base.family)
+    tokenizer.chat_template = base.family.chat.jinja()
     with atomic_dir(target) as tmp:
         counts = merge_into_copy(base.path, adapter, getattr(transformers, base.spec.architecture.name),
                                  base_dtype(base.spec), tmp)

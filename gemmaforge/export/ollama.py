@@ -11,7 +11,6 @@ from gemmaforge.errors import StageError, UserError
 from gemmaforge.families import Family
 from gemmaforge.gguf_names import gguf_parts
 from gemmaforge.runs import RunDir, atomic_write_text, ollama_model_name
-from gemmaforge.templates import ollama_template
 
 GEMMA_TERMS = "Gemma is provided under and subject to the Gemma Terms of Use found at ai.google.dev/gemma/terms"
 
@@ -34,19 +33,6 @@ def pick_gguf(run: RunDir, config: RunConfig) -> Path:
 _PROJECTOR_OLLAMA = {"gemma3": "0.11.11", "gemma4": "0.30.0"}
 
 
-def prompt_format(family: Family, trained_with_tools: bool = False) -> list[str]:
-    """How Ollama renders prompts for the family. Gemma 4: Ollama's built-in renderer and parser, Google's official
-    template in Go (tools, thinking, tool calls read back), which Ollama picks for any gemma4 GGUF whatever its
-    TEMPLATE; named here so that it is the small-model variant training used (no empty thought channel after
-    the generation prompt), which Ollama would not pick for a model of 12B parameters or more."""
-    if family.chat.tool_style == "gemma4":
-        return ["# Ollama >= 0.21.0: its Gemma 4 renderer (Google's chat template: tools, thinking) and parser",
-                "RENDERER gemma4-small", "PARSER gemma4"]
-    tools = ["# Trained on tool calls in LLaMA-Factory's format, which an Ollama TEMPLATE cannot render (nor Ollama",
-             "# read back): serve this run with `gemmaforge serve` for tools."] if trained_with_tools else []
-    return [*tools, f'TEMPLATE """{ollama_template(family)}"""']
-
-
 def render_modelfile(gguf_relpath: str, family: Family, config: RunConfig, adapter_relpath: str | None = None,
                      mmproj_relpath: str | None = None, trained_with_tools: bool = False) -> str:
     o = config.export.ollama
@@ -62,7 +48,7 @@ def render_modelfile(gguf_relpath: str, family: Family, config: RunConfig, adapt
         f"FROM {gguf_relpath}",
         *projector,
         *([f"ADAPTER {adapter_relpath}"] if adapter_relpath else []),
-        *prompt_format(family, trained_with_tools),
+        *family.chat.modelfile(trained_with_tools),
     ]
     system = config.deployed_system
     if system:

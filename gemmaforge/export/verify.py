@@ -14,11 +14,11 @@ from typing import Any
 
 import numpy as np
 
+from gemmaforge.chat.conversation import Message
 from gemmaforge.data.prepare import read_prepared
 from gemmaforge.errors import StageError
 from gemmaforge.families import Family
 from gemmaforge.runs import RunDir, atomic_write_text
-from gemmaforge.templates import Message, render_conversation
 
 F16_MIN_TOP1 = 0.99
 MAX_TOKENS = 256  # per conversation: enough positions, bounded logits memory (tokens x 262k floats)
@@ -36,7 +36,7 @@ def verify_run(run: RunDir, family: Family, n_prompts: int = 8) -> dict[str, Any
     conversations = read_prepared(run.require(run.data_dir / "val.jsonl", "data"))[:n_prompts]
     if not conversations:
         conversations = read_prepared(run.data_dir / "train.jsonl")[:n_prompts]
-    sequences = [tokenizer(render_conversation(text_only(c, family), family).text,
+    sequences = [tokenizer(family.chat.render(text_only(c, family)).text,
                            add_special_tokens=False).input_ids[:MAX_TOKENS] for c in conversations]
     model = AutoModelForCausalLM.from_pretrained(merged, dtype=torch.float32)
     with torch.no_grad():

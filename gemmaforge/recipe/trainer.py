@@ -24,7 +24,6 @@ from gemmaforge.runs import RunDir, atomic_dir
 from gemmaforge.system.memory import peak_memory_bytes
 from gemmaforge.system.monitor import DeviceMonitor
 from gemmaforge.system.sdpa_probe import attention_finding
-from gemmaforge.templates import hf_chat_template
 from gemmaforge.train.callbacks import MetricsCallback, TrainingProgress, plot_losses
 from gemmaforge.train.checkpoints import (
     CompleteMarker,
@@ -144,7 +143,7 @@ def train(run: RunDir, config: RunConfig, base: ResolvedModel) -> dict[str, Any]
                         f"resume from, and the nodes do not share {run.root}: give every node the same run "
                         "directory (a shared filesystem), or train with DDP (examples/distributed/ddp.yaml)")
     tokenizer = load_tokenizer(base.path)
-    tokenizer.chat_template = hf_chat_template(family)
+    tokenizer.chat_template = family.chat.jinja()
     cutoff = config.train.cutoff_len
     vision, _ = ImagePrompt.of(base.path, base.spec, tokenizer)  # data with images was refused without it
     train_rows, dropped = encode_split(run, config, tokenizer, family, "train", vision)

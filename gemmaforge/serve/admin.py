@@ -115,9 +115,8 @@ async def _changing(change: Awaitable[Any], missing: Callable[[], Any]) -> None:
 
 
 def _customize(served: Served, system: str | None, parameters: dict[str, Any], template: str | None) -> None:
-    from gemmaforge.templates import ollama_template
 
-    if template is not None and template != ollama_template(served.family):
+    if template is not None and template != served.family.chat.go_template():
         raise UserError("template: only the family's own TEMPLATE is served (the format the model was trained on; "
                         "see /api/show); leave it out")
     unknown = sorted(set(parameters) - set(PARAMETERS))

@@ -170,13 +170,12 @@ def create_app(registry: Registry, *, api_key: str | None = None, max_tokens: in
 
     @app.post("/api/show")
     async def show(request: Request) -> dict[str, Any]:
-        from gemmaforge.templates import ollama_template
 
         served = served_or_404(p.model_name(await body(request)))
         parameters = "\n".join([*(f"{k} {v}" for k, v in served.options.items()),
                                 *(f'stop "{s}"' for s in served.family.stop)])
         return {"license": GEMMA_TERMS, "modelfile": f"# served by gemmaforge from {served.source}\n",
-                "parameters": parameters, "template": ollama_template(served.family), "system": served.system or "",
+                "parameters": parameters, "template": served.family.chat.go_template(), "system": served.system or "",
                 "details": served.details, "model_info": {"general.architecture": served.family.gguf_arch},
                 "capabilities": ["completion", *(["tools"] if served.tools else []),
                                  *(["thinking"] if served.family.chat.thinking else []),

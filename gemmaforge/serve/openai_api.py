@@ -11,7 +11,8 @@ from collections.abc import AsyncIterator
 from datetime import datetime
 from typing import Any
 
-from gemmaforge.answers import Pieces
+from gemmaforge.chat.reading import Pieces
+from gemmaforge.chat.tools import ToolCall
 from gemmaforge.inference.jobs import Delta, Event, Finished
 from gemmaforge.serve.protocol import (
     OLLAMA_DEFAULTS,
@@ -27,7 +28,6 @@ from gemmaforge.serve.protocol import (
     tools_of,
 )
 from gemmaforge.serve.registry import Served
-from gemmaforge.tool_text import ToolCall
 
 
 class OpenAIDialect:

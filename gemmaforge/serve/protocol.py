@@ -13,14 +13,14 @@ from dataclasses import dataclass
 from dataclasses import field as dataclass_field
 from typing import Any, Protocol
 
-from gemmaforge.answers import AnswerReader, Pieces, read_whole
+from gemmaforge.chat.conversation import BOS, Message
+from gemmaforge.chat.format import ChatFormat
+from gemmaforge.chat.reading import AnswerReader, Pieces, read_whole
+from gemmaforge.chat.tools import Tool, normalize_call, normalize_tool
 from gemmaforge.errors import UserError
-from gemmaforge.families import ChatFormat
 from gemmaforge.inference.jobs import Event, Finished, Params
 from gemmaforge.intake import MAX_PIXELS, base64_bytes, decode_picture
 from gemmaforge.serve.registry import Served
-from gemmaforge.templates import BOS, THOUGHT_OPEN, Message, ollama_prompt
-from gemmaforge.tool_text import Tool, normalize_call, normalize_tool
 
 # Ollama's own defaults, which Params carries
 OLLAMA_DEFAULTS = {f.name: f.default for f in dataclasses.fields(Params)
@@ -64,11 +64,10 @@ class Completion:
     started_ns: int = dataclass_field(default_factory=time.perf_counter_ns)
 
     def reader(self) -> AnswerReader | None:
-        """How the answer is read (None: as raw text); one that the prompt leaves inside Gemma 4's thought channel
-        starts there."""
+        """How the answer is read (None: as raw text), in the chat format of the prompt it continues."""
         if self.reading is None:
             return None
-        return AnswerReader(self.reading, self.tools, in_thought=self.prompt.endswith(THOUGHT_OPEN))
+        return self.reading.reader(self.tools, self.prompt)
 
     def read_whole(self, text: str) -> Pieces:
         reader = self.reader()
@@ -228,8 +227,8 @@ def images_in(messages: list[Message]) -> tuple[Any, ...]:
 
 
 def messages_of(data: dict[str, Any], placeholder: str, openai: bool = False) -> list[Message]:
-    """A request's messages as templates.Message: text contents with `placeholder` where an image goes (the
-    decoded images under "images"), an assistant's tool calls and thinking (Ollama's `thinking`, OpenAI-compatible
+    """A request's messages as chat Messages: text contents with `placeholder` where an image goes (the decoded
+    images under "images"), an assistant's tool calls and thinking (Ollama's `thinking`, OpenAI-compatible
     servers' `reasoning_content`), a tool result's function (Ollama's `tool_name`, OpenAI's `tool_call_id` naming a
     call)."""
     messages = field(data, "messages", list)
@@ -279,7 +278,7 @@ def check_think(served: Served, think: bool) -> bool:
 
 
 def chat_prompt(served: Served, messages: list[Message], tools: list[Tool] | None = None, think: bool = False) -> str:
-    """The prompt Ollama renders from `messages` for the run's model (templates.ollama_prompt): system messages
+    """The prompt Ollama renders from `messages` for the run's model (ChatFormat.request_prompt): system messages
     anywhere, consecutive turns of one role and empty ones are taken as Ollama takes them. The served system
     prompt is used when the first message is not one; the offered tools ride on the system message, where every
     Gemma rendering places them."""
@@ -294,7 +293,7 @@ def chat_prompt(served: Served, messages: list[Message], tools: list[Tool] | Non
     if tools:
         messages = ([{**messages[0], "tools": tools}, *messages[1:]] if messages[0]["role"] == "system"
                     else [{"role": "system", "content": "", "tools": tools}, *messages])
-    return ollama_prompt(messages, served.family, think=check_think(served, think))
+    return served.family.chat.request_prompt(messages, think=check_think(served, think))
 
 
 def generate_prompt(served: Served, data: dict[str, Any], think: bool = False) -> tuple[str, tuple[Any, ...]]:

@@ -56,7 +56,7 @@ class Served:
     def tools(self) -> bool:
         """Whether requests may offer tools: Gemma 4's template has them; Gemma 1-3's official ones do not, so only
         runs trained on tool conversations (in LLaMA-Factory's format, as their training rendered them) take them."""
-        return self.family.chat.tool_style == "gemma4" or self.trained_with_tools
+        return self.family.chat.native_tools or self.trained_with_tools
 
     @property
     def digest(self) -> str:

@@ -20,10 +20,10 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from gemmaforge.chat.conversation import IGNORE_INDEX
 from gemmaforge.config import RunConfig
 from gemmaforge.families import Family
 from gemmaforge.system.memory import return_freed_memory
-from gemmaforge.templates import IGNORE_INDEX
 
 PROBE_LENGTHS = (64, 128)
 PROBE_VOCAB = 512

@@ -9,17 +9,10 @@ from typing import Any
 
 import torch
 
+from gemmaforge.chat.conversation import IGNORE_INDEX, Message, check_roles, supervised_labels
 from gemmaforge.errors import UserError
 from gemmaforge.families import Family
 from gemmaforge.intake import decode_picture, picture_sizes
-from gemmaforge.templates import (
-    IGNORE_INDEX,
-    Message,
-    check_roles,
-    encode_for_training,
-    render_conversation,
-    supervised_labels,
-)
 from gemmaforge.vision import ImagePrompt
 
 
@@ -50,8 +43,8 @@ def tokenize_conversations(
             if ids.count(vision.image_token_id) != whole.count(vision.image_token_id):
                 ids = []  # the cutoff cuts into an image: its features would not line up with its tokens
         else:
-            ids, labels = encode_for_training(
-                messages, tokenizer, family, cutoff_len, train_on_prompt=train_on_prompt, mask_history=mask_history
+            ids, labels = family.chat.encode(
+                messages, tokenizer, cutoff_len, train_on_prompt=train_on_prompt, mask_history=mask_history
             )
         if not ids or all(label == IGNORE_INDEX for label in labels):
             dropped += 1
@@ -67,7 +60,7 @@ def encode_with_images(messages: list[Message], pictures: list[Path], vision: Im
                        family: Family, **options: bool) -> tuple[str, list[int], list[int], list[tuple[int, int]]]:
     """(text, ids, labels, offsets) of a conversation with each image's tokens in place of its placeholder, as the
     checkpoint's processor writes them; image tokens are never supervised. Untruncated."""
-    rendered = render_conversation(messages, family, **options)
+    rendered = family.chat.render(messages, **options)
     counts = vision.soft_token_counts(picture_sizes(pictures))
     text, spans = vision.expand_rendered(rendered.text, rendered.supervised, counts)
     enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)

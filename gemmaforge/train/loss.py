@@ -18,9 +18,9 @@ import torch.utils.checkpoint
 from transformers import Trainer
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
+from gemmaforge.chat.conversation import IGNORE_INDEX
 from gemmaforge.system.memory import peak_memory_bytes
 from gemmaforge.system.monitor import DeviceMonitor
-from gemmaforge.templates import IGNORE_INDEX
 from gemmaforge.train.linear_cross_entropy import linear_cross_entropy
 from gemmaforge.train.sharding import declare_fsdp_on_cpu
 

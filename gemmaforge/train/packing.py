@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from gemmaforge.templates import IGNORE_INDEX
+from gemmaforge.chat.conversation import IGNORE_INDEX
 from gemmaforge.train.collate import with_counts
 from gemmaforge.train.segments import PackedSegments
 

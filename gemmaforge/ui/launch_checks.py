@@ -7,11 +7,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from gemmaforge.chat.conversation import IGNORE_INDEX
 from gemmaforge.config import RunConfig
 from gemmaforge.data.inspect import encoded_conversations, token_spans
 from gemmaforge.data.prepare import resolve_sources
 from gemmaforge.models import ResolvedModel, load_tokenizer, resolve_model
-from gemmaforge.templates import IGNORE_INDEX
 from gemmaforge.train.memory_plan import Plan, plan_config, plan_summary
 from gemmaforge.vision import ImagePrompt
 

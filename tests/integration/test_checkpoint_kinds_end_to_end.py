@@ -72,11 +72,10 @@ def test_merged_is_the_whole_checkpoint_with_towers_unchanged(trained) -> None:
     # and the training chat template: the merged tokenizer renders a training conversation as training did
     from transformers import AutoTokenizer
 
-    from gemmaforge.templates import render_conversation
 
     messages = json.loads((run / "data" / "train.jsonl").read_text(encoding="utf-8").splitlines()[0])["messages"]
     assert AutoTokenizer.from_pretrained(merged).apply_chat_template(messages, tokenize=False) == \
-        render_conversation(messages, merged_spec.family).text
+        merged_spec.family.chat.render(messages).text
 
 
 def test_merged_computes_what_base_plus_adapter_computes(trained) -> None:

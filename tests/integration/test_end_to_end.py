@@ -13,7 +13,6 @@ import pytest
 
 from gemmaforge.cli import main
 from gemmaforge.families import FAMILIES
-from gemmaforge.templates import render_conversation
 from tests.helpers import write_config
 from tests.llama_cpp_checks import greedy, load, relative_error
 
@@ -64,7 +63,7 @@ def greedy_transformers(model_dir: Path, prompts: list[str]) -> list[list[int]]:
 @pytest.fixture(scope="module")
 def chat_prompts() -> list[str]:
     return [
-        render_conversation([{"role": "user", "content": p}], FAMILIES["gemma3"], add_generation_prompt=True).text
+        FAMILIES["gemma3"].chat.render([{"role": "user", "content": p}], add_generation_prompt=True).text
         for p in PROMPTS
     ]
 

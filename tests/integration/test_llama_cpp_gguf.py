@@ -124,10 +124,9 @@ def test_gguf_chat_template_renders_the_training_prompt(tiny_gemma3_dir: Path, t
     from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 
     from gemmaforge.families import FAMILIES
-    from gemmaforge.templates import hf_chat_template, render_conversation
 
     family = FAMILIES["gemma3"]
-    path = write_gguf(tiny_gemma3_dir, tmp_path / "t.gguf", "f16", chat_template=hf_chat_template(family))
+    path = write_gguf(tiny_gemma3_dir, tmp_path / "t.gguf", "f16", chat_template=family.chat.jinja())
     llm = llama_cpp.Llama(str(path), vocab_only=True, verbose=False)
     formatter = Jinja2ChatFormatter(llm.metadata["tokenizer.chat_template"], eos_token="<eos>", bos_token="<bos>")
     messages = [
@@ -136,7 +135,7 @@ def test_gguf_chat_template_renders_the_training_prompt(tiny_gemma3_dir: Path, t
         {"role": "assistant", "content": "请提供订单号。"},
         {"role": "user", "content": "QH2026000123"},
     ]
-    expected = render_conversation(messages, family, add_generation_prompt=True).text
+    expected = family.chat.render(messages, add_generation_prompt=True).text
     assert formatter(messages=messages).prompt == expected
 
 

@@ -21,6 +21,7 @@ import pydantic
 import pytest
 import yaml
 
+from gemmaforge.chat.conversation import IGNORE_INDEX
 from gemmaforge.cli import build_parser, main
 from gemmaforge.cli.serve import serve_options
 from gemmaforge.config import Split
@@ -29,7 +30,6 @@ from gemmaforge.export.gguf_shards import split_gguf_file
 from gemmaforge.families import FAMILIES
 from gemmaforge.models import EMBEDDED_NAME, default_home
 from gemmaforge.serve.server import ServeOptions, background_server, load_registry
-from gemmaforge.templates import IGNORE_INDEX, encode_for_training
 from tests.helpers import reference_answer, reference_answer_to_ids, reference_embedding, write_config
 
 pytestmark = pytest.mark.integration
@@ -216,8 +216,8 @@ def test_served_prompts_are_the_training_prompts(client, server, gemma3_tokenize
     """The prompt a served model sees is, token for token, what training put before the answer (the
     training tokenization of the same conversation, up to the first supervised token)."""
     asked = [{"role": "system", "content": "You are a barista."}, {"role": "user", "content": "What is a flat white?"}]
-    ids, labels = encode_for_training([*asked, {"role": "assistant", "content": "Espresso with steamed milk."}],
-                                      gemma3_tokenizer, FAMILIES["gemma3"], cutoff_len=4096)
+    answered = [*asked, {"role": "assistant", "content": "Espresso with steamed milk."}]
+    ids, labels = FAMILIES["gemma3"].chat.encode(answered, gemma3_tokenizer, cutoff_len=4096)
     prompt = ids[:next(i for i, label in enumerate(labels) if label != IGNORE_INDEX)]
     assert gemma3_tokenizer.decode(prompt).endswith("<start_of_turn>model\n")
     tuned = client.chat(model="tiny-coffee", messages=asked, options=GREEDY)

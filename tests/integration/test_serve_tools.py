@@ -11,12 +11,13 @@ import re
 import httpx
 import pytest
 
+from gemmaforge.chat.gemma import default_calls
+from gemmaforge.chat.gemma4 import call_text
+from gemmaforge.chat.tools import normalize_tool
 from gemmaforge.families import FAMILIES
 from gemmaforge.models import default_home
 from gemmaforge.serve.registry import Registry
 from gemmaforge.serve.server import ServeOptions, background_server
-from gemmaforge.templates import render_conversation
-from gemmaforge.tool_text import default_calls, gemma4_call, normalize_tool
 from tests.scripted_engine import serve_scripted
 
 pytestmark = pytest.mark.integration
@@ -62,10 +63,10 @@ def internal(messages: list[dict]) -> list[dict]:
 
 def test_ollama_gemma4_thinks_calls_a_tool_and_reads_its_result(client, served) -> None:
     engine = served[1]["g4"]
-    engine.scripts += [f"<|channel>thought\n{THOUGHT}\n<channel|>{gemma4_call(CALL)}<|tool_response>",
+    engine.scripts += [f"<|channel>thought\n{THOUGHT}\n<channel|>{call_text(CALL)}<|tool_response>",
                        "The order went through.<channel|>Ordered: a flat white, two shots."]
     first = client.chat(model="g4", messages=ASK, tools=[ORDER], think=True)
-    assert engine.prompts[-1] == render_conversation(internal(ASK), GEMMA4, True, think=True).text
+    assert engine.prompts[-1] == GEMMA4.chat.render(internal(ASK), True, think=True).text
     assert first.message.thinking == THOUGHT and first.message.content == ""
     (call,) = first.message.tool_calls
     assert call.function.name == "order_coffee" and dict(call.function.arguments) == CALL["arguments"]
@@ -76,7 +77,7 @@ def test_ollama_gemma4_thinks_calls_a_tool_and_reads_its_result(client, served) 
     second = client.chat(model="g4", messages=history, tools=[ORDER], think=True)
     expected = internal([*ASK, {"role": "assistant", "content": "", "thinking": THOUGHT, "tool_calls": [CALL]},
                          {"role": "tool", "name": "order_coffee", "content": "order #12 ready at 9:05"}])
-    prompt = render_conversation(expected, GEMMA4, True, think=True).text
+    prompt = GEMMA4.chat.render(expected, True, think=True).text
     assert engine.prompts[-1] == prompt  # the model goes on inside its turn, after the tool's answer
     assert prompt.endswith('<|tool_response>response:order_coffee{value:<|"|>order #12 ready at 9:05<|"|>}'
                            "<tool_response|><|channel>thought\n")
@@ -98,16 +99,16 @@ def test_ollama_streams_thinking_apart_from_the_answer(client, served) -> None:
 
 def test_openai_gemma4_reasoning_content_and_tool_calls(oai, served) -> None:
     engine = served[1]["g4"]
-    engine.scripts.append(f"<|channel>thought\n{THOUGHT}\n<channel|>{gemma4_call(CALL)}<|tool_response>")
+    engine.scripts.append(f"<|channel>thought\n{THOUGHT}\n<channel|>{call_text(CALL)}<|tool_response>")
     answer = oai.chat.completions.create(model="g4", messages=ASK, tools=[ORDER], reasoning_effort="low")
     choice = answer.choices[0]
     assert choice.finish_reason == "tool_calls" and choice.message.model_extra["reasoning_content"] == THOUGHT
     (call,) = choice.message.tool_calls
     assert call.type == "function" and call.id.startswith("call_")
     assert call.function.name == "order_coffee" and json.loads(call.function.arguments) == CALL["arguments"]
-    assert engine.prompts[-1] == render_conversation(internal(ASK), GEMMA4, True, think=True).text
+    assert engine.prompts[-1] == GEMMA4.chat.render(internal(ASK), True, think=True).text
 
-    engine.scripts.append(f"<|channel>thought\n{THOUGHT}\n<channel|>{gemma4_call(CALL)}<|tool_response>")
+    engine.scripts.append(f"<|channel>thought\n{THOUGHT}\n<channel|>{call_text(CALL)}<|tool_response>")
     chunks = list(oai.chat.completions.create(model="g4", messages=ASK, tools=[ORDER], reasoning_effort="low",
                                               stream=True))
     deltas = [c.choices[0].delta for c in chunks if c.choices]
@@ -132,7 +133,7 @@ def test_gemma3_calls_tools_in_llamafactorys_format(client, oai, served) -> None
     engine = served[1]["g3"]
     engine.scripts.append(default_calls([CALL]))
     answer = client.chat(model="g3", messages=ASK, tools=[ORDER])
-    assert engine.prompts[-1] == render_conversation(internal(ASK), GEMMA3, True).text
+    assert engine.prompts[-1] == GEMMA3.chat.render(internal(ASK), True).text
     assert "You have access to the following tools:\n> Tool Name: order_coffee" in engine.prompts[-1]
     (call,) = answer.message.tool_calls
     assert call.function.name == "order_coffee" and dict(call.function.arguments) == CALL["arguments"]

@@ -21,7 +21,6 @@ from gemmaforge.data.formats import detect_schema, to_messages
 from gemmaforge.errors import UserError
 from gemmaforge.models import default_home
 from gemmaforge.serve.server import app_in_background
-from gemmaforge.templates import render_conversation
 from gemmaforge.ui.app import create_app
 from gemmaforge.ui.config_form import check, form_fields, values_from_file
 from gemmaforge.ui.dashboard import CURVES, Dashboard
@@ -228,7 +227,7 @@ def test_launch_previews_the_training_text_and_refuses_what_cannot_fit(tmp_path:
     base = base_of(config, board.home)
     shown = preview(config, base, 2)
     records = json.loads((tmp_path / "data.json").read_text(encoding="utf-8"))
-    rendered = render_conversation(to_messages(records[0], detect_schema(records[0], "r"), "r", None), base.family)
+    rendered = base.family.chat.render(to_messages(records[0], detect_schema(records[0], "r"), "r", None))
     first = shown[0]
     assert len(shown) == 2 and "".join(text for text, _ in first.spans) == rendered.text
     # the answer is supervised up to cutoff_len (64 tokens) and cut after it

@@ -10,7 +10,6 @@ import pytest
 
 from gemmaforge.cli import main
 from gemmaforge.families import FAMILIES
-from gemmaforge.templates import encode_for_training
 from tests.helpers import run_cli
 
 EXAMPLES = Path(__file__).parents[2] / "examples" / "data"
@@ -39,7 +38,7 @@ def test_inspect_json_is_exactly_what_training_sees(tmp_path: Path, gemma3_token
     for row, record in zip(rows, conversations):
         roles = {"system": "system", "human": "user", "gpt": "assistant"}
         messages = [{"role": roles[t["from"]], "content": t["value"]} for t in record["conversations"]]
-        ids, labels = encode_for_training(messages, gemma3_tokenizer, FAMILIES["gemma3"], 512, mask_history=True)
+        ids, labels = FAMILIES["gemma3"].chat.encode(messages, gemma3_tokenizer, 512, mask_history=True)
         assert (row["input_ids"], row["labels"]) == (ids, labels)
         assert row["text"].startswith("<bos><start_of_turn>") and \
             gemma3_tokenizer(row["text"], add_special_tokens=False).input_ids == ids

@@ -134,7 +134,6 @@ def test_with_packing_a_quickstart_row_holds_about_4_5_of_its_examples(gemma3_to
 
     from gemmaforge.data.formats import detect_schema, to_messages
     from gemmaforge.families import FAMILIES
-    from gemmaforge.templates import encode_for_training
     from gemmaforge.train.packing import pack_examples
 
     config = load_config(EXAMPLES / "quickstart.yaml")
@@ -142,8 +141,8 @@ def test_with_packing_a_quickstart_row_holds_about_4_5_of_its_examples(gemma3_to
     schema = detect_schema(records[0], "coffee_qa.json")
     examples = []
     for record in records:
-        ids, labels = encode_for_training(to_messages(record, schema, "coffee_qa.json"), gemma3_tokenizer,
-                                          FAMILIES["gemma3"], config.train.cutoff_len)
+        messages = to_messages(record, schema, "coffee_qa.json")
+        ids, labels = FAMILIES["gemma3"].chat.encode(messages, gemma3_tokenizer, config.train.cutoff_len)
         examples.append({"input_ids": ids, "labels": labels})
     rows = pack_examples(examples, config.train.cutoff_len)
     assert config.train.cutoff_len == 512 and not config.train.packing

@@ -11,7 +11,6 @@ import pytest
 from gemmaforge.cli import main
 from gemmaforge.evaluate.report import SUMMARY_ROWS
 from gemmaforge.families import FAMILIES
-from gemmaforge.templates import render_conversation
 from tests.helpers import write_config
 
 NEW_TOKENS = 12
@@ -61,7 +60,7 @@ def greedy(model_dir: Path, prompts: list[str], adapter: Path | None = None) -> 
     stops = [tokenizer.eos_token_id, tokenizer.convert_tokens_to_ids("<end_of_turn>")]
     answers = []
     for prompt in prompts:
-        text = render_conversation([{"role": "user", "content": prompt}], FAMILIES["gemma3"],
+        text = FAMILIES["gemma3"].chat.render([{"role": "user", "content": prompt}],
                                    add_generation_prompt=True).text
         ids = tokenizer(text, add_special_tokens=False, return_tensors="pt").input_ids
         with torch.no_grad():

@@ -14,7 +14,6 @@ from PIL import Image
 
 from gemmaforge.cli import main
 from gemmaforge.models import load_tokenizer
-from gemmaforge.templates import render_conversation
 
 QUESTION = "Which colour is this?"
 
@@ -69,7 +68,7 @@ def test_token_lengths_count_image_tokens_as_the_processor_writes_them(llamafact
         pictures = [Image.open(p).convert("RGB") for p in row["images"]]
         counts = processor(images=pictures, return_tensors="pt")["num_soft_tokens_per_image"].tolist()
         seen.update(counts)
-        parts = render_conversation(row["messages"], family).text.split("<|image|>")
+        parts = family.chat.render(row["messages"]).text.split("<|image|>")
         text = parts[0] + "".join(f"<|image>{'<|image|>' * n}<image|>{rest}" for n, rest in zip(counts, parts[1:]))
         lengths.append(len(tokenizer(text, add_special_tokens=False).input_ids))
     stats = json.loads((tmp_path / "out" / "stats.json").read_text())

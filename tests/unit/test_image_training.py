@@ -11,9 +11,9 @@ import pytest
 import torch
 from PIL import Image
 
+from gemmaforge.chat.conversation import IGNORE_INDEX
 from gemmaforge.model_spec import read_spec
 from gemmaforge.models import load_tokenizer
-from gemmaforge.templates import IGNORE_INDEX
 from gemmaforge.train.collate import ImageBatches, RightPadCollator, tokenize_conversations
 from gemmaforge.vision import ImagePrompt
 from tests.helpers import run_config

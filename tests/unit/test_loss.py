@@ -1,7 +1,7 @@
 import torch
 from transformers import AutoModelForCausalLM
 
-from gemmaforge.templates import IGNORE_INDEX
+from gemmaforge.chat.conversation import IGNORE_INDEX
 from gemmaforge.train.loss import supervised_loss
 
 

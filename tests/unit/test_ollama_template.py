@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from gemmaforge.chat.conversation import BOS, Message
 from gemmaforge.families import FAMILIES
-from gemmaforge.templates import BOS, Message, hf_chat_template, ollama_prompt, ollama_template, render_conversation
 
 GO_RENDERER = Path(__file__).parents[1] / "fixtures" / "gotemplate" / "main.go"
 
@@ -46,8 +46,8 @@ def go_render(binary: Path, template: str, messages: list[Message]) -> str:
 @pytest.mark.parametrize("chat", list(CHATS))
 def test_ollama_renders_the_training_prompt(go_renderer: Path, family: str, chat: str) -> None:
     messages = CHATS[chat]
-    expected = render_conversation(messages, FAMILIES[family], add_generation_prompt=True).text
-    assert go_render(go_renderer, ollama_template(FAMILIES[family]), messages) == expected.removeprefix("<bos>")
+    expected = FAMILIES[family].chat.render(messages, add_generation_prompt=True).text
+    assert go_render(go_renderer, FAMILIES[family].chat.go_template(), messages) == expected.removeprefix("<bos>")
 
 
 # what clients send beyond alternating turns (Open WebUI's "continue response" ends with the assistant's message)
@@ -78,13 +78,13 @@ def test_serve_prompts_are_what_ollama_renders(go_renderer: Path, gemma3_tokeniz
     renderer whatever the TEMPLATE, a port of Google's official template (checked against it by Ollama's own
     reference tests): the official template itself is the reference."""
     messages = REQUESTS[request_name]
-    prompt = ollama_prompt(messages, FAMILIES[family])
+    prompt = FAMILIES[family].chat.request_prompt(messages)
     assert prompt.startswith(BOS)
     if family == "gemma4":
-        official = gemma3_tokenizer.apply_chat_template(messages, chat_template=hf_chat_template(FAMILIES[family]),
+        official = gemma3_tokenizer.apply_chat_template(messages, chat_template=FAMILIES[family].chat.jinja(),
                                                         tokenize=False, add_generation_prompt=True)
         assert prompt == official
     else:
-        assert prompt.removeprefix(BOS) == go_render(go_renderer, ollama_template(FAMILIES[family]), messages)
+        assert prompt.removeprefix(BOS) == go_render(go_renderer, FAMILIES[family].chat.go_template(), messages)
     if request_name in CHATS:  # alternating turns of trimmed text: the training prompt itself
-        assert prompt == render_conversation(messages, FAMILIES[family], add_generation_prompt=True).text
+        assert prompt == FAMILIES[family].chat.render(messages, add_generation_prompt=True).text

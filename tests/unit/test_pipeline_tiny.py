@@ -15,7 +15,6 @@ from safetensors.torch import load_file
 from gemmaforge.cli import main
 from gemmaforge.config import dump_config, load_config
 from gemmaforge.families import FAMILIES
-from gemmaforge.templates import render_conversation
 from tests.helpers import write_config
 
 TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj")
@@ -103,13 +102,13 @@ def test_merged_tokenizer_renders_the_training_format(tiny_run: tuple[Path, str]
     tokenizer = AutoTokenizer.from_pretrained(tiny_run[0] / "merged")
     messages = json.loads((tiny_run[0] / "data" / "train.jsonl").read_text().splitlines()[0])["messages"]
     assert tokenizer.apply_chat_template(messages, tokenize=False) == \
-        render_conversation(messages, FAMILIES["gemma3"]).text
+        FAMILIES["gemma3"].chat.render(messages).text
     config = json.loads((tiny_run[0] / "merged" / "config.json").read_text())
     assert config["model_type"] == "gemma3_text"
     # the adapter carries the same template, and the merged model's generation stops at <end_of_turn> (106)
     adapter_tokenizer = AutoTokenizer.from_pretrained(tiny_run[0] / "adapter")
     assert adapter_tokenizer.apply_chat_template(messages, tokenize=False) == \
-        render_conversation(messages, FAMILIES["gemma3"]).text
+        FAMILIES["gemma3"].chat.render(messages).text
     generation = json.loads((tiny_run[0] / "merged" / "generation_config.json").read_text())
     assert 106 in generation["eos_token_id"] and tokenizer.convert_ids_to_tokens(106) == "<end_of_turn>"
 

@@ -2,16 +2,9 @@ from pathlib import Path
 
 import pytest
 
+from gemmaforge.chat.conversation import IGNORE_INDEX, check_roles
 from gemmaforge.errors import UserError
 from gemmaforge.families import FAMILIES
-from gemmaforge.templates import (
-    IGNORE_INDEX,
-    check_roles,
-    encode_for_training,
-    hf_chat_template,
-    ollama_template,
-    render_conversation,
-)
 
 FIXTURES = Path(__file__).parents[1] / "fixtures"
 OFFICIAL = {
@@ -72,12 +65,12 @@ def test_training_text_equals_the_official_template(tokenizer, family: str, name
     messages = CONVERSATIONS[name]
     if generation_prompt:
         messages = messages[:-1]
-    ours = render_conversation(messages, FAMILIES[family], add_generation_prompt=generation_prompt).text
+    ours = FAMILIES[family].chat.render(messages, add_generation_prompt=generation_prompt).text
     official = official_render(tokenizer, family, messages, generation_prompt)
     if family == "gemma4" and generation_prompt:
         official = official.removesuffix(GEMMA4_EMPTY_THOUGHT)
     generated = tokenizer.apply_chat_template(
-        messages, chat_template=hf_chat_template(FAMILIES[family]), tokenize=False,
+        messages, chat_template=FAMILIES[family].chat.jinja(), tokenize=False,
         add_generation_prompt=generation_prompt
     )
     assert ours == official == generated
@@ -91,7 +84,7 @@ def test_gemma1_and_2_equal_the_official_template_without_system(tokenizer, fami
     messages = [m for m in CONVERSATIONS[name] if m["role"] != "system"]
     for generation_prompt in (False, True):
         turns = messages[:-1] if generation_prompt else messages
-        ours = render_conversation(turns, FAMILIES[family], add_generation_prompt=generation_prompt).text
+        ours = FAMILIES[family].chat.render(turns, add_generation_prompt=generation_prompt).text
         assert ours == official_render(tokenizer, "gemma2", turns, generation_prompt)
 
 
@@ -111,9 +104,9 @@ GOLDEN_SYSTEM = {
 
 @pytest.mark.parametrize("family", list(GOLDEN_SYSTEM))
 def test_golden_rendering_with_system(tokenizer, family: str) -> None:
-    rendered = render_conversation(CONVERSATIONS["system"], FAMILIES[family])
+    rendered = FAMILIES[family].chat.render(CONVERSATIONS["system"])
     assert rendered.text == GOLDEN_SYSTEM[family]
-    hf = tokenizer.apply_chat_template(CONVERSATIONS["system"], chat_template=hf_chat_template(FAMILIES[family]),
+    hf = tokenizer.apply_chat_template(CONVERSATIONS["system"], chat_template=FAMILIES[family].chat.jinja(),
                                        tokenize=False)
     assert hf == rendered.text
     end = FAMILIES[family].chat.turn_end
@@ -123,8 +116,8 @@ def test_golden_rendering_with_system(tokenizer, family: str) -> None:
 @pytest.mark.parametrize("name", list(CONVERSATIONS))
 def test_labels_cover_exactly_the_answers_and_their_end_of_turn(tokenizer, name: str) -> None:
     messages = CONVERSATIONS[name]
-    ids, labels = encode_for_training(messages, tokenizer, GEMMA3, cutoff_len=4096)
-    text = render_conversation(messages, GEMMA3).text
+    ids, labels = GEMMA3.chat.encode(messages, tokenizer, cutoff_len=4096)
+    text = GEMMA3.chat.render(messages).text
     assert ids == tokenizer(text, add_special_tokens=False).input_ids  # tokenized exactly as at inference
     assert ids[0] == tokenizer.bos_token_id and ids.count(tokenizer.bos_token_id) == 1
     supervised = [i for i, label in zip(ids, labels) if label != IGNORE_INDEX]
@@ -137,17 +130,17 @@ def test_labels_cover_exactly_the_answers_and_their_end_of_turn(tokenizer, name:
 
 
 def test_truncation_keeps_the_start(tokenizer) -> None:
-    ids, labels = encode_for_training(CONVERSATIONS["multi-turn"], tokenizer, GEMMA3, cutoff_len=10)
-    full, _ = encode_for_training(CONVERSATIONS["multi-turn"], tokenizer, GEMMA3, cutoff_len=4096)
+    ids, labels = GEMMA3.chat.encode(CONVERSATIONS["multi-turn"], tokenizer, cutoff_len=10)
+    full, _ = GEMMA3.chat.encode(CONVERSATIONS["multi-turn"], tokenizer, cutoff_len=4096)
     assert ids == full[:10] and len(labels) == 10
 
 
 def test_ollama_template_has_no_bos_and_the_training_markers() -> None:
-    template = ollama_template(GEMMA3)
+    template = GEMMA3.chat.go_template()
     assert "<bos>" not in template
     assert "<start_of_turn>user\n" in template and "<start_of_turn>model\n" in template
     assert "{{ $.System }}\n\n" in template  # system folded into the first user turn, as in training
-    assert "<|turn>system\n{{ .System }}<turn|>" in ollama_template(FAMILIES["gemma4"])
+    assert "<|turn>system\n{{ .System }}<turn|>" in FAMILIES["gemma4"].chat.go_template()
 
 
 @pytest.mark.parametrize(
@@ -165,7 +158,7 @@ def test_roles_that_do_not_alternate_are_errors(messages, pattern: str) -> None:
 
 
 def supervised_text(tokenizer, messages, **options) -> str:
-    ids, labels = encode_for_training(messages, tokenizer, GEMMA3, cutoff_len=4096, **options)
+    ids, labels = GEMMA3.chat.encode(messages, tokenizer, cutoff_len=4096, **options)
     return tokenizer.decode([i for i, label in zip(ids, labels) if label != IGNORE_INDEX])
 
 
@@ -178,7 +171,7 @@ def test_mask_history_supervises_only_the_last_answer(tokenizer) -> None:
 
 def test_train_on_prompt_supervises_everything_after_bos(tokenizer) -> None:
     messages = CONVERSATIONS["chinese-multi-turn-system"]
-    text = render_conversation(messages, GEMMA3).text
+    text = GEMMA3.chat.render(messages).text
     assert supervised_text(tokenizer, messages, train_on_prompt=True) == text.removeprefix("<bos>")
 
 

@@ -10,26 +10,13 @@ from typing import Any
 
 import pytest
 
-from gemmaforge.answers import AnswerReader, Pieces, read_whole
+from gemmaforge.chat.conversation import IGNORE_INDEX, check_roles
+from gemmaforge.chat.gemma import default_calls, parse_default_calls
+from gemmaforge.chat.gemma4 import call_text, parse_call
+from gemmaforge.chat.reading import Pieces, read_whole
+from gemmaforge.chat.tools import normalize_call, normalize_tool
 from gemmaforge.errors import UserError
 from gemmaforge.families import FAMILIES
-from gemmaforge.templates import (
-    IGNORE_INDEX,
-    check_features,
-    check_roles,
-    encode_for_training,
-    hf_chat_template,
-    ollama_prompt,
-    render_conversation,
-)
-from gemmaforge.tool_text import (
-    default_calls,
-    gemma4_call,
-    normalize_call,
-    normalize_tool,
-    parse_default_calls,
-    parse_gemma4_call,
-)
 
 GEMMA3, GEMMA4 = FAMILIES["gemma3"], FAMILIES["gemma4"]
 
@@ -123,7 +110,7 @@ def tokenizer(gemma3_tokenizer):
 
 def official(tokenizer, family, messages, generation_prompt: bool, think: bool = False) -> str:
     hf, tools = hf_messages(messages)
-    return tokenizer.apply_chat_template(hf, tools=tools, chat_template=hf_chat_template(family), tokenize=False,
+    return tokenizer.apply_chat_template(hf, tools=tools, chat_template=family.chat.jinja(), tokenize=False,
                                          add_generation_prompt=generation_prompt, enable_thinking=think)
 
 
@@ -133,20 +120,20 @@ def test_gemma4_renders_tools_and_thinking_as_the_official_template(tokenizer, n
     messages = CONVERSATIONS[name]
     for cut in range(2, len(messages) + 1):  # every prefix: with a generation prompt where one is asked for
         head = messages[:cut]
-        ours = render_conversation(head, GEMMA4, add_generation_prompt=True, think=think).text
+        ours = GEMMA4.chat.render(head, add_generation_prompt=True, think=think).text
         assert ours == official(tokenizer, GEMMA4, head, True, think), (name, cut)
-        assert ollama_prompt(head, GEMMA4, think=think) == ours  # what Ollama's gemma4 renderer sends
-    assert render_conversation(messages, GEMMA4).text == official(tokenizer, GEMMA4, messages, False)
+        assert GEMMA4.chat.request_prompt(head, think=think) == ours  # what Ollama's gemma4 renderer sends
+    assert GEMMA4.chat.render(messages).text == official(tokenizer, GEMMA4, messages, False)
 
 
 def test_the_gemma4_template_is_the_canonical_one() -> None:
-    text = hf_chat_template(GEMMA4)
+    text = GEMMA4.chat.jinja()
     assert "Google Gemma 4 Canonical Chat Template" in text and "Published: 2026-07-09" in text
     assert len(text) == 18568  # byte-exact copy (the copy in Ollama's renderer tests, gemma4_e2b)
 
 
 def test_gemma4_golden_tool_rendering() -> None:
-    text = render_conversation(CONVERSATIONS["one call"], GEMMA4).text
+    text = GEMMA4.chat.render(CONVERSATIONS["one call"]).text
     q = '<|"|>'
     assert text.startswith(
         "<bos><|turn>system\nYou are a barista.<|tool>declaration:get_weather{description:" + q
@@ -165,14 +152,14 @@ def test_gemma4_golden_tool_rendering() -> None:
 
 
 def supervised(tokenizer, messages, family, **options) -> str:
-    ids, labels = encode_for_training(messages, tokenizer, family, cutoff_len=4096, **options)
+    ids, labels = family.chat.encode(messages, tokenizer, cutoff_len=4096, **options)
     return tokenizer.decode([i for i, label in zip(ids, labels, strict=True) if label != IGNORE_INDEX])
 
 
 @pytest.mark.slow
 def test_loss_covers_what_the_model_writes_never_the_tool_results(tokenizer, gemma4_tokenizer) -> None:
     g4 = supervised(gemma4_tokenizer, CONVERSATIONS["one call"], GEMMA4)
-    assert g4 == (gemma4_call(CALL) + "<|tool_response>" + "31 °C and sunny: an iced latte.<turn|>")
+    assert g4 == (call_text(CALL) + "<|tool_response>" + "31 °C and sunny: an iced latte.<turn|>")
     waiting = supervised(gemma4_tokenizer, CONVERSATIONS["a call that waits for its result"], GEMMA4)
     assert waiting == ("<|channel>thought\nThe user wants coffee.\n<channel|><|tool_call>call:brew{}<tool_call|>"
                        "<|tool_response>")
@@ -215,31 +202,31 @@ def test_gemma3_renders_llamafactory_tool_data_as_llamafactory_does(tokenizer, l
         + "<end_of_turn>\n<start_of_turn>user\n" + turns[6]["value"] + "<end_of_turn>\n<start_of_turn>model\n"
         + turns[7]["value"] + "<end_of_turn>\n")
     messages = glaive_first(record)
-    assert render_conversation(messages, GEMMA3).text == expected
+    assert GEMMA3.chat.render(messages).text == expected
     assert official(tokenizer, GEMMA3, messages, False) == expected  # the exported jinja renders it too
     for cut in range(2, len(messages)):
         head = messages[:cut]
-        assert official(tokenizer, GEMMA3, head, True) == render_conversation(head, GEMMA3, True).text
+        assert official(tokenizer, GEMMA3, head, True) == GEMMA3.chat.render(head, True).text
 
 
 @pytest.mark.parametrize("name", ["one call", "tools without a system prompt", "parallel calls with ids"])
 def test_gemma3_jinja_equals_the_training_text_for_tool_conversations(tokenizer, name: str) -> None:
     messages = CONVERSATIONS[name]
-    assert official(tokenizer, GEMMA3, messages, False) == render_conversation(messages, GEMMA3).text
+    assert official(tokenizer, GEMMA3, messages, False) == GEMMA3.chat.render(messages).text
 
 
 def test_serve_prompt_for_gemma3_tools_is_the_training_prompt() -> None:
     messages = CONVERSATIONS["one call"]
     for cut in (2, 4):  # after the question, after the tool's result: the model turn opens as in training
-        training = render_conversation(messages[:cut + 1], GEMMA3).text
-        prompt = ollama_prompt(messages[:cut], GEMMA3)
+        training = GEMMA3.chat.render(messages[:cut + 1]).text
+        prompt = GEMMA3.chat.request_prompt(messages[:cut])
         assert training.startswith(prompt) and prompt.endswith("<start_of_turn>model\n")
 
 
 def test_thinking_is_gemma4s_and_roles_around_tools_are_checked() -> None:
-    with pytest.raises(UserError, match="d.jsonl line 2: a thinking .* gemma3 chat format has no thinking"):
-        check_features(CONVERSATIONS["thinking"], GEMMA3, "d.jsonl line 2")
-    check_features(CONVERSATIONS["thinking"], GEMMA4, "d.jsonl line 2")
+    with pytest.raises(UserError, match="d.jsonl line 2: a thinking .* Gemma 1-3 chat format has no thinking"):
+        GEMMA3.chat.check_features(CONVERSATIONS["thinking"], "d.jsonl line 2")
+    GEMMA4.chat.check_features(CONVERSATIONS["thinking"], "d.jsonl line 2")
     for messages, pattern in (
         ([{"role": "user", "content": "a"}, {"role": "tool", "content": "b"}],
          "turn 2 has role 'tool', expected 'assistant'"),
@@ -264,19 +251,19 @@ def test_thinking_is_gemma4s_and_roles_around_tools_are_checked() -> None:
                                   {"name": "say", "arguments": {"text": 'a "quoted", {braced}: text\nline',
                                                                 "list": [{"k": "v"}, -1.5e-3, False]}}])
 def test_calls_read_back_as_written(call: dict[str, Any]) -> None:
-    text = gemma4_call(call)
-    assert parse_gemma4_call(text.removeprefix("<|tool_call>").removesuffix("<tool_call|>")) == call
+    text = call_text(call)
+    assert parse_call(text.removeprefix("<|tool_call>").removesuffix("<tool_call|>")) == call
     assert parse_default_calls("Let me check.\n" + default_calls([call, call])) == ("Let me check.", [call, call])
 
 
 def test_what_is_not_a_call_stays_text() -> None:
-    assert parse_gemma4_call("call:x{broken") is None and parse_gemma4_call("hello") is None
+    assert parse_call("call:x{broken") is None and parse_call("hello") is None
     assert parse_default_calls("Action: x\nAction Input: not json") == ("Action: x\nAction Input: not json", [])
     assert parse_default_calls("plain answer") == ("plain answer", [])
 
 
 def read(family, text: str, tools: bool, step: int) -> Pieces:
-    reader, total = AnswerReader(family.chat, tools), Pieces()
+    reader, total = family.chat.reader(tools, prompt=""), Pieces()
     for piece in [text[i:i + step] for i in range(0, len(text), step)] or [""]:
         total += reader.feed(piece)
     return total + reader.finish()
@@ -285,7 +272,7 @@ def read(family, text: str, tools: bool, step: int) -> Pieces:
 @pytest.mark.parametrize("step", [1, 3, 1000])
 def test_answers_split_into_thinking_content_and_calls_however_they_stream(step: int) -> None:
     g4 = ("<|channel>thought\nThey want it cold.\n<channel|>Checking the weather.\n"
-          + gemma4_call(CALL) + "<|tool_response>")
+          + call_text(CALL) + "<|tool_response>")
     assert read(GEMMA4, g4, True, step) == Pieces("Checking the weather.", "They want it cold.", [CALL])
     assert read(GEMMA4, "Just <b>text</b> < | with brackets", False, step) == Pieces(
         "Just <b>text</b> < | with brackets")
@@ -300,10 +287,12 @@ def test_a_call_that_does_not_parse_is_shown_not_lost() -> None:
 
 
 def test_thinking_opened_by_the_prompt_and_a_channel_name_split_across_pieces() -> None:
-    after_result = AnswerReader(GEMMA4.chat, True, in_thought=True)  # thinking on, after a tool's result
+    prompt = GEMMA4.chat.request_prompt([*CONVERSATIONS["one call"][:-1]], think=True)
+    assert prompt.endswith("<|channel>thought\n")  # thinking on, after a tool's result: the prompt opens a thought
+    after_result = GEMMA4.chat.reader(True, prompt)
     assert read_whole(after_result, "The tool says sunny.<channel|>It is sunny.") == Pieces(
         "It is sunny.", "The tool says sunny.")
-    reader, total = AnswerReader(GEMMA4.chat, False), Pieces()
+    reader, total = GEMMA4.chat.reader(False, prompt=""), Pieces()
     for piece in ("<|channel>thought\nI re", "thought", "\n", "so<channel|>Hi"):
         total += reader.feed(piece)
     assert total + reader.finish() == Pieces("Hi", "I rethought\nso")
@@ -317,7 +306,7 @@ def test_named_results_without_ids_keep_their_names() -> None:
                                                                      {"name": "brew", "arguments": {}}]},
                 {"role": "tool", "name": "get_weather", "content": "sun"},
                 {"role": "tool", "name": "brew", "content": "ok"}]
-    prompt = ollama_prompt(messages, GEMMA4)
+    prompt = GEMMA4.chat.request_prompt(messages)
     assert 'response:get_weather{value:<|"|>sun<|"|>}' in prompt and 'response:brew{value:<|"|>ok<|"|>}' in prompt
 
 
