@@ -71,6 +71,9 @@ class CleanConfig(Section):
 # The dataset formats data/formats.py reads (named here, below the data stage, for the config and the CLI)
 Formatting = Literal["alpaca", "sharegpt", "openai"]
 FORMATTINGS: tuple[Formatting, ...] = get_args(Formatting)
+# The training methods recipe/ has (recipe/trainer.METHODS holds each one's parts)
+Method = Literal["sft"]
+METHODS: tuple[Method, ...] = get_args(Method)
 
 
 class DataConfig(Section):
@@ -159,6 +162,8 @@ SCHEDULERS = Literal[
 
 
 class TrainConfig(Section):
+    method: Method = Field("sft", description="the training method: sft, supervised fine-tuning on conversations "
+                           "(the loss on what the model writes)")
     num_train_epochs: float = Field(1.0, gt=0)
     max_steps: int = Field(-1, description="-1: run num_train_epochs")
     per_device_train_batch_size: int = Field(4, ge=1)

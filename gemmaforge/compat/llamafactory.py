@@ -108,7 +108,7 @@ def _stage(value: Any, key: str, t: Translation) -> str:
         what = {"pt": "pre-training on raw text", "rm": "reward modelling", "ppo": "PPO", "dpo": "DPO preference "
                 "training", "kto": "KTO preference training"}.get(value, repr(value))
         raise UserError(f"{key}: {value}: gemmaforge trains supervised fine-tuning (stage: sft) only, not {what}")
-    return "supervised fine-tuning"
+    return "sft"
 
 
 def _finetuning_type(value: Any, key: str, t: Translation) -> str:
@@ -259,7 +259,7 @@ TRANSLATED: dict[str, tuple[str, Convert]] = {
     "model_revision": ("model.revision", _same),
     "quantization_bit": ("", _quantization_bit),
     "template": ("", _template),
-    "stage": ("", _stage),
+    "stage": ("train.method", _stage),
     "finetuning_type": ("", _finetuning_type),
     "do_train": ("", _do_train),
     "dataset": ("data.dataset", _names),

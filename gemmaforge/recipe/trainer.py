@@ -1,4 +1,5 @@
-"""The train stage: read data/ from the run directory, LoRA-tune the base model, write adapter/."""
+"""The train stage: read data/ from the run directory, LoRA-tune the base model with the run's training method
+(`train.method`, recipe/method.py), write adapter/. Everything here is the same for every method."""
 
 from __future__ import annotations
 
@@ -8,11 +9,12 @@ from typing import Any
 
 from gemmaforge.config import RunConfig
 from gemmaforge.console import console, escape
-from gemmaforge.data.prepare import read_prepared, read_prepared_images
 from gemmaforge.distributed import gather, local_rank, world_size
 from gemmaforge.errors import StageError, UserError
 from gemmaforge.families import Family
 from gemmaforge.models import ResolvedModel, default_home, load_tokenizer
+from gemmaforge.recipe.method import Method
+from gemmaforge.recipe.sft import SFT
 from gemmaforge.recipe.troubleshoot import (
     StepClock,
     diagnose_non_finite,
@@ -31,12 +33,10 @@ from gemmaforge.train.checkpoints import (
     keep_metrics_until,
     last_complete_checkpoint,
 )
-from gemmaforge.train.collate import ImageBatches, RightPadCollator, tokenize_conversations
 from gemmaforge.train.kernel_choice import KernelChoice, choose_kernels
-from gemmaforge.train.loss import NonFiniteLoss, SupervisedLossTrainer
+from gemmaforge.train.loss import NonFiniteLoss
 from gemmaforge.train.memory_plan import Plan, Planner, plan_summary, resolved_plan, this_device
 from gemmaforge.train.packed_attention import use_kernels
-from gemmaforge.train.packing import PackedCollator, pack_examples
 from gemmaforge.train.preflight import preflight
 from gemmaforge.train.sharding import (
     check_strategy,
@@ -48,6 +48,8 @@ from gemmaforge.train.sharding import (
 from gemmaforge.train.wrapping import build_peft_model, lora_targets
 from gemmaforge.units import gib
 from gemmaforge.vision import ImagePrompt
+
+METHODS: dict[str, Method] = {method.name: method for method in (SFT,)}
 
 
 def training_arguments(config: RunConfig, run: RunDir, precision: str, has_val: bool) -> Any:
@@ -109,16 +111,6 @@ def checkpointing_arguments(enabled: bool) -> dict[str, Any]:
     return {name: enabled, f"{name}_kwargs": {"use_reentrant": False}}
 
 
-def encode_split(run: RunDir, config: RunConfig, tokenizer: Any, family: Family, name: str,
-                 vision: ImagePrompt | None = None) -> tuple[list[dict], int]:
-    path = run.require(run.data_dir / f"{name}.jsonl", "data")
-    return tokenize_conversations(
-        read_prepared(path), tokenizer, family, config.train.cutoff_len, f"data/{name}.jsonl",
-        train_on_prompt=config.data.train_on_prompt, mask_history=config.data.mask_history,
-        images=read_prepared_images(path), vision=vision,
-    )
-
-
 # oneDNN, which runs the CPU's matmuls, keeps a compiled kernel for every shape it meets, up to 1024, and
 # PyTorch's ideep layer above it keeps its own cache of matmul objects per shape and thread (LRU_CACHE_CAPACITY,
 # also 1024). Packed batches bring new shapes at every step (each example's attention has its own length), so a
@@ -144,39 +136,16 @@ def train(run: RunDir, config: RunConfig, base: ResolvedModel) -> dict[str, Any]
                         "directory (a shared filesystem), or train with DDP (examples/distributed/ddp.yaml)")
     tokenizer = load_tokenizer(base.path)
     tokenizer.chat_template = family.chat.jinja()
-    cutoff = config.train.cutoff_len
     vision, _ = ImagePrompt.of(base.path, base.spec, tokenizer)  # data with images was refused without it
-    train_rows, dropped = encode_split(run, config, tokenizer, family, "train", vision)
-    val_rows, _ = encode_split(run, config, tokenizer, family, "val", vision)
-    if not train_rows:
-        raise UserError(f"no training example keeps a supervised token within train.cutoff_len={cutoff}")
-    if dropped:
-        console.print(f"[yellow]gemmaforge[/]: {dropped} training examples dropped: "
-                      f"prompt alone exceeds cutoff_len={cutoff}")
-    with_images = sum("images" in row for row in train_rows + val_rows)
-    if with_images and config.train.packing:
-        # Packed rows attend causally within each example; an image's tokens attend to each other both ways.
-        console.print(f"[bold]train[/]: {with_images} examples hold images: padded batches (train.packing is "
-                      "for text-only data)")
-        config = config.model_copy(deep=True)
-        config.train.packing = False
-    if config.train.packing:
-        train_set, val_set = pack_examples(train_rows, cutoff), pack_examples(val_rows, cutoff)
-        collator: Any = PackedCollator(tokenizer.pad_token_id)
-        console.print(f"[bold]train[/]: {len(train_rows)} examples packed into {len(train_set)} rows "
-                      f"of <= {cutoff} tokens")
-    else:
-        train_set, val_set, collator = train_rows, val_rows, RightPadCollator(tokenizer.pad_token_id)
-        if with_images:
-            collator = ImageBatches(collator, vision)
-
-    plan, config = check_memory(config, base, precision, sharding,
-                                max((len(row.get("images", ())) for row in train_rows), default=0))
+    method = METHODS[config.train.method]
+    data = method.datasets(run, config, tokenizer, base, vision)
+    config = data.config
+    plan, config = check_memory(config, base, precision, sharding, data.max_images)
     model = build_peft_model(config, base, tokenizer, precision)
     kernels = None
     if config.train.packing:
-        kernels = attention_kernels(config, model, collator(train_set[:config.train.per_device_train_batch_size]))
-    args = training_arguments(config, run, precision, has_val=bool(val_rows))
+        kernels = attention_kernels(config, model, data.collator(data.train[:config.train.per_device_train_batch_size]))
+    args = training_arguments(config, run, precision, has_val=bool(data.val))
     if sharding == "fsdp2":
         show_tied_embedding(model)
     resume = common_checkpoint(run)
@@ -190,14 +159,14 @@ def train(run: RunDir, config: RunConfig, base: ResolvedModel) -> dict[str, Any]
         run.metrics_path.unlink(missing_ok=True)
     clock = StepClock()
     callbacks: list[Any] = [MetricsCallback(run.metrics_path, run.writes), CompleteMarker(run.writes), clock]
-    if config.train.early_stopping_patience and val_rows:
+    if config.train.early_stopping_patience and data.val:
         callbacks.append(EarlyStoppingCallback(early_stopping_patience=config.train.early_stopping_patience))
-    trainer = SupervisedLossTrainer(
+    trainer = method.trainer(
         model=model,
         args=args,
-        train_dataset=train_set,
-        eval_dataset=val_set or None,
-        data_collator=collator,
+        train_dataset=data.train,
+        eval_dataset=data.val or None,
+        data_collator=data.collator,
         processing_class=tokenizer,
         callbacks=callbacks,
     )
@@ -221,7 +190,7 @@ def train(run: RunDir, config: RunConfig, base: ResolvedModel) -> dict[str, Any]
     for line in findings:
         console.print(f"[yellow]train: slow steps[/]: {escape(line)}")
     evals = [log for log in trainer.state.log_history if "eval_loss" in log]
-    if val_rows and (not evals or evals[-1]["step"] != result.global_step or config.train.load_best_model_at_end):
+    if data.val and (not evals or evals[-1]["step"] != result.global_step or config.train.load_best_model_at_end):
         evals.append(trainer.evaluate())  # of the restored best model when load_best_model_at_end
     final_eval = evals[-1] if evals else {}
     if run.writes:  # after training: never a cost inside a step
@@ -244,13 +213,14 @@ def train(run: RunDir, config: RunConfig, base: ResolvedModel) -> dict[str, Any]
         train_loss = sum(logged) / len(logged) if logged else None
     return {
         "device": "cuda" if torch.cuda.is_available() else "cpu",
+        "method": method.name,
         "precision": precision,
         "packing": config.train.packing,
         "steps": result.global_step,
         "resumed_from_step": resumed_step,
         "best_checkpoint": trainer.state.best_model_checkpoint,
-        "samples": len(train_rows),
-        "dropped_examples": dropped,
+        "samples": data.examples,
+        "dropped_examples": data.dropped,
         "train_loss": round(train_loss, 4) if train_loss is not None else None,
         "eval_loss": round(final_eval["eval_loss"], 4) if "eval_loss" in final_eval else None,
         "train_runtime_s": round(runtime, 2),  # the training loop; the stage's runtime_s includes loading

@@ -15,14 +15,13 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 import torch.utils.checkpoint
-from transformers import Trainer
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from gemmaforge.chat.conversation import IGNORE_INDEX
 from gemmaforge.system.memory import peak_memory_bytes
 from gemmaforge.system.monitor import DeviceMonitor
 from gemmaforge.train.linear_cross_entropy import linear_cross_entropy
-from gemmaforge.train.sharding import declare_fsdp_on_cpu
+from gemmaforge.train.trainer_shims import ShimmedTrainer
 
 
 def supervised_loss(
@@ -122,7 +121,7 @@ class NonFiniteLoss(RuntimeError):
         self.step, self.loss = step, loss
 
 
-class SupervisedLossTrainer(Trainer):
+class SupervisedLossTrainer(ShimmedTrainer):
     """A Trainer for a model prepared with `install_supervised_forward`: its loss is `supervised_loss`, already
     normalised by the item count of the whole accumulated batch (so the Trainer must not divide it by the
     accumulation steps again). It stops at the first non-finite loss (read at each log and checkpoint), and adds
@@ -138,19 +137,6 @@ class SupervisedLossTrainer(Trainer):
         self.last_log_time = time.perf_counter()
         self.unchecked_losses: list[tuple[int, torch.Tensor]] = []  # (step, loss) not yet read back
         self.monitor: DeviceMonitor | None = None  # its readings join every training log
-
-    def _build_accelerator_args(self, **kwargs: Any) -> dict[str, Any]:
-        args = super()._build_accelerator_args(**kwargs)
-        declare_fsdp_on_cpu(args["mixed_precision"])  # the Accelerator built from these args joins that state
-        return args
-
-    def _run_epoch(self, *args: Any, **kwargs: Any) -> Any:
-        # Resumed from the final checkpoint (the same command again after a later stage failed): the Trainer's
-        # loop checks max_steps only after a step, so it would train one step beyond it.
-        if 0 < self.state.max_steps <= self.state.global_step:
-            self.control.should_training_stop = True
-            return None
-        return super()._run_epoch(*args, **kwargs)
 
     def training_step(self, model: Any, inputs: dict[str, Any], num_items_in_batch: Any = None) -> torch.Tensor:
         counts = inputs.pop("counts")  # counted on the host by the collator (train/collate.py)
@@ -175,9 +161,8 @@ class SupervisedLossTrainer(Trainer):
             if not math.isfinite(value):
                 raise NonFiniteLoss(step, value)
 
-    def _save_checkpoint(self, *args: Any, **kwargs: Any) -> Any:
+    def before_checkpoint(self) -> None:
         self.check_finite()  # a checkpoint of weights trained on a NaN would be resumed from
-        return super()._save_checkpoint(*args, **kwargs)
 
     @property
     def padding_share(self) -> float:

@@ -51,6 +51,17 @@ def test_wrong_type_names_key_and_value(tmp_path: Path) -> None:
         load_config(path)
 
 
+def test_the_training_method_is_one_the_recipe_has(tmp_path: Path) -> None:
+    from gemmaforge.config import METHODS
+    from gemmaforge.recipe.trainer import METHODS as RECIPES
+
+    assert set(METHODS) == set(RECIPES) and all(RECIPES[name].name == name for name in RECIPES)
+    assert load_config(write(tmp_path, "output_dir: r\ndata: {path: d.json}\n")).train.method == "sft"
+    path = write(tmp_path, "output_dir: r\ndata: {path: d.json}\ntrain: {method: dpo}\n")
+    with pytest.raises(UserError, match=r"train\.method: .*'sft'.*'dpo'|train\.method: .*'dpo'.*'sft'"):
+        load_config(path)
+
+
 def test_gguf_split_size_is_read_or_named(tmp_path: Path) -> None:
     path = write(tmp_path, "output_dir: r\ndata: {path: d.json}\nexport: {split_max_size: 2G, split_max_tensors: 64}\n")
     assert (load_config(path).export.split().max_bytes, load_config(path).export.split().max_tensors) == (2 * 10**9, 64)
@@ -163,8 +174,8 @@ def test_train_and_lora_keys_are_training_arguments_and_lora_config_names_but_th
     section = readme.split("## Configuration")[1].split("\n## ")[0]
     train_extras = set(TrainConfig.model_fields) - {f.name for f in dataclasses.fields(TrainingArguments)}
     lora_extras = set(LoraSection.model_fields) - {f.name for f in dataclasses.fields(LoraConfig)}
-    assert train_extras == {"cutoff_len", "packing", "attention", "logits_chunk_size", "early_stopping_patience",
-                            "precision", "check_memory", "warmup_ratio"}
+    assert train_extras == {"method", "cutoff_len", "packing", "attention", "logits_chunk_size",
+                            "early_stopping_patience", "precision", "check_memory", "warmup_ratio"}
     assert lora_extras == {"train_template_tokens", "freeze_vision_tower", "freeze_multi_modal_projector"}
     documented = [f"`{key}`" in section or f"`train.{key}`" in section for key in train_extras]
     assert all(documented) and "`lora.train_template_tokens`" in section

@@ -164,7 +164,7 @@ def test_out_of_memory_stops_with_the_planners_advice(tmp_path: Path, tiny_gemma
         raise RuntimeError("[enforce fail at alloc_cpu.cpp:117] . DefaultCPUAllocator: can't allocate memory: you "
                            "tried to allocate 2147483648 bytes. Error code 12 (Cannot allocate memory)")
 
-    monkeypatch.setattr("gemmaforge.recipe.trainer.SupervisedLossTrainer.training_step", out_of_memory)
+    monkeypatch.setattr("gemmaforge.recipe.sft.SupervisedLossTrainer.training_step", out_of_memory)
     config = write_config(tmp_path, tiny_gemma3_dir, max_steps=2, save_steps=100, eval_strategy="no")
     assert main(["train", str(config)]) == 1
     out = " ".join(capsys.readouterr().err.split())

@@ -106,6 +106,7 @@ def test_losses_are_read_back_at_logs_and_checkpoints_naming_the_first_bad_step(
     trainer = SimpleNamespace(unchecked_losses=[(4, torch.tensor(2.5)), (5, torch.tensor(float("nan"))),
                                                 (6, torch.tensor(float("inf")))])
     trainer.check_finite = lambda: SupervisedLossTrainer.check_finite(trainer)
+    trainer.before_checkpoint = lambda: SupervisedLossTrainer.before_checkpoint(trainer)
     with pytest.raises(NonFiniteLoss, match="loss nan at step 5"):
         SupervisedLossTrainer.check_finite(trainer)
     assert trainer.unchecked_losses == []

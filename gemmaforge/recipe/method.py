@@ -1,0 +1,37 @@
+"""What a training method gives the method-neutral skeleton of recipe/trainer.py: its data, encoded and batched,
+and its Trainer. The skeleton does the rest for every method (precision, sharding, the memory check, resume,
+metrics, the non-finite and out-of-memory diagnoses, gathering and checking the adapter, saving, the report).
+
+`train.method` picks one from recipe/trainer.METHODS; a new method (preference pairs, raw text) is a module like
+sft.py plus a row there and its name in config.METHODS.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from gemmaforge.config import RunConfig
+from gemmaforge.models import ResolvedModel
+from gemmaforge.runs import RunDir
+from gemmaforge.vision import ImagePrompt
+
+
+@dataclass(frozen=True)
+class Datasets:
+    train: Any  # what the Trainer iterates
+    val: Any  # empty when the run has no validation split
+    collator: Any  # rows -> a batch the method's Trainer takes
+    examples: int  # training examples kept
+    dropped: int  # training examples dropped (the method said why)
+    max_images: int  # the most pictures one training example holds (the memory plan prices them)
+    config: RunConfig  # the configuration to train with (the method may turn off what its data cannot use)
+
+
+@dataclass(frozen=True)
+class Method:
+    name: str  # as `train.method` names it
+    # (run, config, tokenizer, base, vision) -> the encoded splits; UserError when nothing can be trained
+    datasets: Callable[[RunDir, RunConfig, Any, ResolvedModel, ImagePrompt | None], Datasets]
+    trainer: type  # a Trainer subclass on train/trainer_shims.ShimmedTrainer
