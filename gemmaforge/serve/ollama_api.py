@@ -16,6 +16,7 @@ from gemmaforge.serve.protocol import (
     OLLAMA_DEFAULTS,
     Completion,
     LoadOnly,
+    ServedModel,
     bad,
     chat_prompt,
     field,
@@ -27,7 +28,6 @@ from gemmaforge.serve.protocol import (
     stops,
     tools_of,
 )
-from gemmaforge.serve.registry import Served
 
 # Ollama sampling options this server does not implement, with the value that leaves the answer unchanged: any
 # other value is refused. Options about the runtime (num_thread, num_gpu, num_batch, use_mmap, ...) are ignored.
@@ -37,7 +37,7 @@ _NEUTRAL_OPTIONS = {"frequency_penalty": 0, "presence_penalty": 0, "mirostat": 0
 class OllamaDialect:
     media_type = "application/x-ndjson"
 
-    def parse(self, data: dict[str, Any], served: Served, chat: bool) -> Completion | LoadOnly:
+    def parse(self, data: dict[str, Any], served: ServedModel, chat: bool) -> Completion | LoadOnly:
         refuse_unsupported(data)
         if not (data.get("messages") if chat else data.get("prompt") or data.get("raw")):  # loads the model
             empty = {"message": {"role": "assistant", "content": ""}} if chat else {"response": ""}
@@ -96,7 +96,7 @@ def format_of(data: dict[str, Any]) -> str | None:
     return json_schema(value, "format")
 
 
-def options_of(served: Served, options: dict[str, Any]) -> dict[str, Any]:
+def options_of(served: ServedModel, options: dict[str, Any]) -> dict[str, Any]:
     """A request's `options` over the served model's Modelfile defaults over Ollama's own."""
     where = "options."
     for key, neutral in _NEUTRAL_OPTIONS.items():

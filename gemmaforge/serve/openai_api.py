@@ -8,7 +8,6 @@ import json
 import time
 import uuid
 from collections.abc import AsyncIterator
-from datetime import datetime
 from typing import Any
 
 from gemmaforge.chat.reading import Pieces
@@ -17,6 +16,7 @@ from gemmaforge.inference.jobs import Delta, Event, Finished
 from gemmaforge.serve.protocol import (
     OLLAMA_DEFAULTS,
     Completion,
+    ServedModel,
     bad,
     chat_prompt,
     field,
@@ -27,13 +27,12 @@ from gemmaforge.serve.protocol import (
     stops,
     tools_of,
 )
-from gemmaforge.serve.registry import Served
 
 
 class OpenAIDialect:
     media_type = "text/event-stream"
 
-    def parse(self, data: dict[str, Any], served: Served, chat: bool) -> Completion:
+    def parse(self, data: dict[str, Any], served: ServedModel, chat: bool) -> Completion:
         tools: list[Any] = []
         images: tuple[Any, ...] = ()
         if chat:
@@ -115,7 +114,7 @@ def response_format(data: dict[str, Any]) -> str | None:
     raise bad(f"response_format.type: {kind!r} is not supported; expected text, json_object or json_schema")
 
 
-def options_of(served: Served, data: dict[str, Any]) -> dict[str, Any]:
+def options_of(served: ServedModel, data: dict[str, Any]) -> dict[str, Any]:
     """As Ollama's OpenAI layer: temperature and top_p default to 1.0; max_tokens is num_predict."""
     for key in ("frequency_penalty", "presence_penalty"):
         if field(data, key, float, 0.0):
@@ -172,12 +171,6 @@ class _Answer:
 def usage(f: Finished) -> dict[str, int]:
     return {"prompt_tokens": f.prompt_tokens, "completion_tokens": f.completion_tokens,
             "total_tokens": f.prompt_tokens + f.completion_tokens}
-
-
-def model_object(m: Served) -> dict[str, Any]:
-    created = int(datetime.fromisoformat(m.modified_at).timestamp()) if m.modified_at else 0
-    return {"id": m.name, "object": "model", "created": created, "owned_by": "gemmaforge",
-            **({"parent": m.parent} if m.parent else {})}
 
 
 def sse(obj: dict[str, Any]) -> bytes:

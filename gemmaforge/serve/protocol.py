@@ -18,9 +18,9 @@ from gemmaforge.chat.format import ChatFormat
 from gemmaforge.chat.reading import AnswerReader, Pieces, read_whole
 from gemmaforge.chat.tools import Tool, normalize_call, normalize_tool
 from gemmaforge.errors import UserError
+from gemmaforge.families import Family
 from gemmaforge.inference.jobs import Event, Finished, Params
 from gemmaforge.intake import MAX_PIXELS, base64_bytes, decode_picture
-from gemmaforge.serve.registry import Served
 
 # Ollama's own defaults, which Params carries
 OLLAMA_DEFAULTS = {f.name: f.default for f in dataclasses.fields(Params)
@@ -82,12 +82,32 @@ class LoadOnly:
     answer: dict[str, Any]
 
 
+class ServedModel(Protocol):
+    """What a dialect reads of the model a request names (registry.Served is one): the dialects' conversions
+    need no engine, so they are tested as plain functions (tests/unit/test_serve_dialects.py)."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def family(self) -> Family: ...  # its chat format renders the prompt and reads the answer
+
+    @property
+    def system(self) -> str | None: ...  # the system prompt it was trained and deployed with
+
+    @property
+    def options(self) -> dict[str, Any]: ...  # Modelfile-style defaults: temperature, top_p, ...
+
+    @property
+    def tools(self) -> bool: ...  # whether requests may offer tools
+
+
 class Dialect(Protocol):
     """An API's side of the completion routes: its bodies parsed into a Completion, events rendered back."""
 
     media_type: str  # of a streamed answer
 
-    def parse(self, data: dict[str, Any], served: Served, chat: bool) -> Completion | LoadOnly:
+    def parse(self, data: dict[str, Any], served: ServedModel, chat: bool) -> Completion | LoadOnly:
         """The request, or one that needs no generation (Ollama's model load)."""
         ...
 
@@ -270,14 +290,15 @@ def tools_of(data: dict[str, Any]) -> list[Tool]:
         raise bad(str(e)) from None
 
 
-def check_think(served: Served, think: bool) -> bool:
+def check_think(served: ServedModel, think: bool) -> bool:
     if think and not served.family.chat.thinking:
         raise bad(f"think: {served.name} does not support thinking (the {served.family.name} chat format has no "
                   "thought channel; Gemma 4 models think)")
     return think
 
 
-def chat_prompt(served: Served, messages: list[Message], tools: list[Tool] | None = None, think: bool = False) -> str:
+def chat_prompt(served: ServedModel, messages: list[Message], tools: list[Tool] | None = None,
+                think: bool = False) -> str:
     """The prompt Ollama renders from `messages` for the run's model (ChatFormat.request_prompt): system messages
     anywhere, consecutive turns of one role and empty ones are taken as Ollama takes them. The served system
     prompt is used when the first message is not one; the offered tools ride on the system message, where every
@@ -296,7 +317,8 @@ def chat_prompt(served: Served, messages: list[Message], tools: list[Tool] | Non
     return served.family.chat.request_prompt(messages, think=check_think(served, think))
 
 
-def generate_prompt(served: Served, data: dict[str, Any], think: bool = False) -> tuple[str, tuple[Any, ...]]:
+def generate_prompt(served: ServedModel, data: dict[str, Any],
+                    think: bool = False) -> tuple[str, tuple[Any, ...]]:
     """/api/generate and /v1/completions: `prompt` in the chat template (with `system`, after Ollama's `images`),
     or as is with `raw` (which then holds an image placeholder for each image); and the decoded images."""
     prompt = field(data, "prompt", str, "")

@@ -1,0 +1,108 @@
+"""The four completion routes, one path (`complete`): a dialect (ollama_api.py, openai_api.py) parses the body
+into a neutral Completion (protocol.py), the served model's engine generates it, and the dialect renders the
+events back, streamed or whole; a new API is a new dialect, not new routes' worth of generation code."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+from gemmaforge.inference.jobs import Delta, Event, Failed, Finished, Job
+from gemmaforge.serve import protocol as p
+from gemmaforge.serve.ollama_api import OllamaDialect
+from gemmaforge.serve.openai_api import OpenAIDialect
+from gemmaforge.serve.protocol import ApiError, Dialect, LoadOnly, bad
+from gemmaforge.serve.state import AppState, State
+
+OLLAMA, OPENAI = OllamaDialect(), OpenAIDialect()
+
+router = APIRouter()
+
+
+async def complete(request: Request, state: AppState, dialect: Dialect, chat: bool) -> Response:
+    data = await state.body(request)
+    served, keep = await state.ready(data)
+    registry = state.registry
+    try:  # images are decoded while parsing: off the event loop
+        completion = await asyncio.to_thread(dialect.parse, data, served, chat)
+        if isinstance(completion, LoadOnly):  # with keep_alive 0 it unloads the model
+            registry.keep(served.name)
+            answer = completion.answer
+            return JSONResponse({**answer, "done_reason": "unload"} if keep == 0 else answer)
+        if completion.grammar:
+            try:
+                await asyncio.to_thread(served.engine.compile_grammar, completion.grammar)
+            except ValueError as e:
+                raise bad(f"format / response_format: this JSON schema cannot be enforced: {e}") from None
+        images = None
+        if completion.images:  # the image processor's work, off the event loop
+            try:
+                ids, images = await asyncio.to_thread(served.engine.encode_images, completion.prompt,
+                                                      list(completion.images))
+            except ValueError as e:
+                raise p.bad(f"images: {served.name}: {e}") from None
+        else:
+            ids = served.engine.encode(completion.prompt)
+        params = p.sampling_params(completion, state.limits, len(ids), registry.num_ctx)
+    except Exception:  # refused (or failed) before it reached the engine: the model is no longer held for it
+        registry.keep(served.name)
+        raise
+    stream = state.events(served, Job(ids, params, served.adapter, asyncio.get_running_loop(), completion.stream,
+                                      images), request)
+    if completion.stream:
+        first = await first_event(stream)  # a full queue is still a plain 503, before the stream starts
+        return StreamingResponse(dialect.stream(completion, prepend(first, stream)), media_type=dialect.media_type)
+    text, end = await collect(stream)
+    return JSONResponse(dialect.whole(completion, text, end))
+
+
+@router.post("/api/generate")
+async def ollama_generate(request: Request, state: State) -> Response:
+    return await complete(request, state, OLLAMA, chat=False)
+
+
+@router.post("/api/chat")
+async def ollama_chat(request: Request, state: State) -> Response:
+    return await complete(request, state, OLLAMA, chat=True)
+
+
+@router.post("/v1/chat/completions")
+async def openai_chat(request: Request, state: State) -> Response:
+    return await complete(request, state, OPENAI, chat=True)
+
+
+@router.post("/v1/completions")
+async def openai_completions(request: Request, state: State) -> Response:
+    return await complete(request, state, OPENAI, chat=False)
+
+
+async def first_event(stream: AsyncIterator[Event]) -> Event:
+    try:
+        event = await anext(stream)
+    except StopAsyncIteration:  # the client went away before the first token
+        raise ApiError(499, "client closed the request") from None
+    if isinstance(event, Failed):  # nothing sent yet: a plain error response rather than a broken stream
+        raise ApiError(500, event.message, "api_error")
+    return event
+
+
+async def prepend(first: Event, rest: AsyncIterator[Event]) -> AsyncIterator[Event]:
+    yield first
+    if not isinstance(first, Finished | Failed):
+        async for event in rest:
+            yield event
+
+
+async def collect(stream: AsyncIterator[Event]) -> tuple[str, Finished]:
+    parts = []
+    async for event in stream:
+        if isinstance(event, Delta):
+            parts.append(event.text)
+        elif isinstance(event, Failed):
+            raise ApiError(500, event.message, "api_error")
+        else:
+            return "".join(parts), event
+    raise ApiError(499, "client closed the request")
