@@ -1,4 +1,4 @@
-"""Time the README quickstart end to end and show answers before and after fine-tuning.
+"""Time the quickstart end to end and show answers before and after fine-tuning.
 
     python benchmarks/quickstart.py [--config examples/quickstart.yaml] [--questions 3] [--agreement]
 

@@ -1,6 +1,6 @@
 """gemmaforge: from an instruction dataset to a LoRA-tuned Gemma answering in Ollama.
 
-Layers, bottom up (README, "Architecture"; checked by tests/unit/test_layers.py): core (errors, console, units,
+Layers, bottom up (docs/architecture.md; checked by tests/unit/test_layers.py): core (errors, console, units,
 families, templates, config, distributed, runs, model_spec, models) -> system (this machine) -> the training
 library (train/) -> stages (data/, the train recipe, export/, evaluate/) -> pipeline -> front ends (cli, serve/,
 doctor).

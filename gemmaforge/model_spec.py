@@ -23,7 +23,7 @@ class Architecture:
     """One `architectures[0]` value that gemmaforge supports, and where its parts live in the module tree."""
 
     name: str
-    kind: str  # the README table's row
+    kind: str  # the row of docs/checkpoint-kinds.md's table
     language_prefix: str  # module path of the decoder ("model" for text-only causal LMs)
     # module paths of the parts LoRA never touches: towers and the projectors into the text width
     tower_prefixes: tuple[str, ...] = ()

@@ -10,9 +10,10 @@ from gemmaforge.config import dump_config, read_config
 from gemmaforge.console import console
 from gemmaforge.runs import atomic_write_text
 
-CONVERT_EPILOG = """LLaMA-Factory's own keys are translated as the README's table says: `gemmaforge train|run LF.yaml`
-reads the same file the same way (and writes the result as RUN_DIR/run.yaml). Keys that only tune LLaMA-Factory's
-machinery are listed as ignored, with the reason; keys that change what is trained and have no equivalent exit 2.
+CONVERT_EPILOG = """LLaMA-Factory's own keys are translated as docs/llamafactory.md's table says:
+`gemmaforge train|run LF.yaml` reads the same file the same way (and writes the result as RUN_DIR/run.yaml).
+Keys that only tune LLaMA-Factory's machinery are listed as ignored, with the reason; keys that change what is
+trained and have no equivalent exit 2.
 
 examples:
   gemmaforge config convert lf_lora_sft.yaml

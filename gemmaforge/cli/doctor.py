@@ -17,7 +17,8 @@ def add(verbs: Verbs) -> None:
         "flash-attn, bitsandbytes, conflicting packages, free disk, the HF token, llama.cpp and ollama. Each "
         "check says PASS, WARN, FAIL or SKIP with a one-line fix; exit 1 when one fails.",
     )
-    p.add_argument("--json", action="store_true", help='the report as JSON (schema "gemmaforge-doctor/1", see README)')
+    p.add_argument("--json", action="store_true",
+                   help='the report as JSON (schema "gemmaforge-doctor/1", see docs/gpu-setup.md)')
     p.set_defaults(handler=doctor)
 
 

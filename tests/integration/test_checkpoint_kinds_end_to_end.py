@@ -135,7 +135,7 @@ def test_llama_cpp_computes_what_the_merged_model_computes(trained) -> None:
     modelfile = (run / "ollama" / "Modelfile").read_text()
     froms = [line for line in modelfile.splitlines() if line.startswith("FROM ")]
     assert froms == ["FROM ../gguf/model-f16.gguf", "FROM ../gguf/mmproj-f16.gguf"]  # text, then the projector
-    # the Ollama that imports the pair, as README says: Gemma 3's from 0.11.11, Gemma 4's from 0.30.0
+    # the Ollama that imports the pair, as docs/checkpoint-kinds.md says: Gemma 3's from 0.11.11, Gemma 4's from 0.30.0
     needed = "0.11.11" if kind.startswith("gemma3") else "0.30.0"
     assert f"# Images: the second FROM is the vision projector; Ollama >= {needed} imports it" in modelfile
     # Gemma 4: Ollama's own renderer and parser (the official template: tools, thinking) instead of a TEMPLATE

@@ -1,7 +1,7 @@
-"""The shipped recipes run for real (README "Several GPUs and machines"): 2 CPU processes over gloo with
-examples/distributed/ddp.yaml and fsdp2.yaml through `accelerate launch`, against one process training the same
-4 rows per step; and two "nodes" on localhost (torchrun --nnodes 2, each in its own working directory, so the
-run directory is not shared) with one node killed mid-run and the same command resuming both."""
+"""The shipped recipes run for real (docs/several-gpus.md): 2 CPU processes over gloo with examples/distributed/ddp.yaml
+and fsdp2.yaml through `accelerate launch`, against one process training the same 4 rows per step; and two "nodes" on
+localhost (torchrun --nnodes 2, each in its own working directory, so the run directory is not shared) with one node
+killed mid-run and the same command resuming both."""
 
 from __future__ import annotations
 

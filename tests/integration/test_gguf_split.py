@@ -126,7 +126,7 @@ def test_a_bad_size_is_a_clear_error(text: str) -> None:
 
 
 def test_shards_appear_first_shard_last(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """README: a reader that finds the first shard finds the whole set, because the first shard is renamed into
+    """docs/export.md: a reader that finds the first shard finds the whole set, because the first shard is renamed into
     place last; the earlier whole file of that name goes once the set is there."""
     import os
 

@@ -86,7 +86,8 @@ def test_offline_hub_id_is_a_clear_error(tmp_path: Path, capsys: pytest.CaptureF
 @pytest.mark.parametrize("family", ["gemma3", "gemma4"])
 def test_fp16_on_gemma3_and_gemma4_is_refused_with_the_reason(tmp_path: Path, capsys: pytest.CaptureFixture[str],
                                                               text_checkpoint_of, family: str) -> None:
-    """README (Refused before loading): fp16 on Gemma 3/4, with the reason and the precisions to use instead."""
+    """docs/training.md (Refused before loading): fp16 on Gemma 3/4, with the reason and the precisions to use instead.
+    """
     config = write_config(tmp_path, text_checkpoint_of(family), precision="fp16")
     assert main(["train", str(config)]) == 2
     assert f"train.precision=fp16: {family} activations overflow in fp16 (NaN loss); use bf16 or fp32" in \
@@ -150,7 +151,8 @@ def test_eval_gguf_without_the_llamacpp_engine_is_refused_before_loading(tmp_pat
 
 
 def test_every_verb_and_target_has_help(capsys: pytest.CaptureFixture[str]) -> None:
-    """`gemmaforge --help` lists every verb README documents, and each verb (and export target) has its own."""
+    """README's verb table names every verb `gemmaforge --help` lists, and each verb (and export target) has its own
+    help."""
     import argparse
 
     from gemmaforge.cli import build_parser
@@ -159,8 +161,8 @@ def test_every_verb_and_target_has_help(capsys: pytest.CaptureFixture[str]) -> N
     verbs = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices
     readme = (Path(__file__).parents[2] / "README.md").read_text(encoding="utf-8")
     documented = {line.split("`gemmaforge ")[1].split()[0].rstrip("`") for line in readme.splitlines()
-                  if line.startswith("### `gemmaforge ")}
-    assert documented <= set(verbs)
+                  if line.startswith("| `gemmaforge ")}
+    assert documented == set(verbs)
     commands = [[verb] for verb in verbs if verb != "export"] + [["export", t] for t in ("gguf", "verify", "vllm",
                                                                                         "ollama")]
     commands += [["data", t] for t in ("prepare", "inspect")] + [["config", "convert"]]
@@ -182,8 +184,8 @@ def leaf_parsers(parser: argparse.ArgumentParser, path: tuple[str, ...] = ()):
 
 
 def test_each_verb_parser_names_its_handler_which_lives_in_that_verbs_module() -> None:
-    """The CLI is a table (README, Architecture): each verb's parser names the function that runs it, a handler in
-    the cli/ module that built the parser."""
+    """The CLI is a table (docs/architecture.md): each verb's parser names the function that runs it, a handler in the
+    cli/ module that built the parser."""
     from gemmaforge.cli import VERB_MODULES, build_parser
     from gemmaforge.cli.common import Parser
 

@@ -76,7 +76,7 @@ def write_jsonl(path: Path, records: list[dict]) -> Path:
 
 
 def test_prepare_reads_a_plain_folder_of_json_lines_files(tmp_path: Path, capsys) -> None:
-    """README: INPUT may be a folder of JSON Lines files without dataset_info.json: every record of both files is
+    """docs/data.md: INPUT may be a folder of JSON Lines files without dataset_info.json: every record of both files is
     prepared and split, none lost, none twice."""
     folder = tmp_path / "chats"
     folder.mkdir()
@@ -93,7 +93,7 @@ def test_prepare_reads_a_plain_folder_of_json_lines_files(tmp_path: Path, capsys
 
 @pytest.mark.slow
 def test_prepare_format_and_column_keys_name_other_columns(tmp_path: Path, capsys) -> None:
-    """README: `--format` and `columns.prompt=question`-style keys name other columns: a question/answer file,
+    """docs/data.md: `--format` and `columns.prompt=question`-style keys name other columns: a question/answer file,
     which detection refuses, becomes user/assistant turns."""
     src = tmp_path / "qa.jsonl"
     src.write_text('{"question": "How hot is the water?", "answer": "92 to 96 C."}\n'
@@ -110,8 +110,8 @@ def test_prepare_format_and_column_keys_name_other_columns(tmp_path: Path, capsy
 
 
 def test_inspect_text_highlights_the_answer_not_the_prompt(tmp_path: Path, capsys, monkeypatch) -> None:
-    """README: `data inspect` shows the rendered conversation with the supervised tokens highlighted: in a terminal
-    exactly the answer and its end-of-turn marker are bold green, the prompt is dim."""
+    """docs/data.md: `data inspect` shows the rendered conversation with the supervised tokens highlighted: in a
+    terminal exactly the answer and its end-of-turn marker are bold green, the prompt is dim."""
     src = write_jsonl(tmp_path / "d.jsonl", [turns("What water temperature?", "Ninety-two degrees.")])
     monkeypatch.setenv("FORCE_COLOR", "1")
     monkeypatch.setenv("TERM", "xterm")
@@ -126,7 +126,7 @@ def test_inspect_text_highlights_the_answer_not_the_prompt(tmp_path: Path, capsy
 
 @pytest.mark.slow
 def test_inspect_train_on_prompt_supervises_the_prompt(tmp_path: Path, capsys, gemma3_tokenizer) -> None:
-    """README: `--train-on-prompt` shows that loss option: with it the question's tokens carry labels in `--json`,
+    """docs/data.md: `--train-on-prompt` shows that loss option: with it the question's tokens carry labels in `--json`,
     without it they are -100."""
     question = "What water temperature?"
     src = write_jsonl(tmp_path / "d.jsonl", [turns(question, "Ninety-two degrees.")])
@@ -148,7 +148,7 @@ def test_inspect_train_on_prompt_supervises_the_prompt(tmp_path: Path, capsys, g
 @pytest.mark.slow
 def test_inspect_model_gives_the_tokenizer_and_the_template(tmp_path: Path, capsys, checkpoint_of,
                                                             gemma3_tokenizer) -> None:
-    """README: the tokenizer comes from `--model` and the template from its family: a Gemma 4 checkpoint renders
+    """docs/data.md: the tokenizer comes from `--model` and the template from its family: a Gemma 4 checkpoint renders
     `<|turn>` turns and its own tokenizer reads `<|turn>` as one token (the default Gemma 3 one cannot)."""
     from gemmaforge.models import load_tokenizer
 

@@ -99,17 +99,17 @@ def test_dump_writes_every_default_and_round_trips(tmp_path: Path) -> None:
     assert RunConfig.model_validate(raw) == config
 
 
-def test_the_readme_shows_the_shipped_quickstart_config() -> None:
-    """README's "Configuration" section quotes examples/quickstart.yaml: the same settings, key for key."""
+def test_the_configuration_page_shows_the_shipped_quickstart_config() -> None:
+    """docs/configuration.md quotes examples/quickstart.yaml: the same settings, key for key."""
     root = Path(__file__).parents[2]
-    section = (root / "README.md").read_text(encoding="utf-8").split("## Configuration")[1]
+    section = (root / "docs" / "configuration.md").read_text(encoding="utf-8")
     quoted = yaml.safe_load(section.split("```yaml\n")[1].split("```")[0])
     assert quoted == yaml.safe_load((root / "examples" / "quickstart.yaml").read_text(encoding="utf-8"))
 
 
 def test_the_quickstart_suite_asks_unseen_questions_and_checks_the_persona() -> None:
-    """README: 252 questions answered in the persona (every answer opens with 咖啡师小贴士), and a suite of 12 coffee
-    questions they do not hold, the 11 Chinese ones checked for that opening."""
+    """README and docs/quickstart.md: 252 questions answered in the persona (every answer opens with 咖啡师小贴士),
+    and a suite of 12 coffee questions they do not hold, the 11 Chinese ones checked for that opening."""
     import json
 
     from gemmaforge.evaluate.suite import load_suite
@@ -139,8 +139,8 @@ def test_the_defaults_readme_gives(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_with_packing_a_quickstart_row_holds_about_4_5_of_its_examples(gemma3_tokenizer) -> None:
-    """README (the quickstart config): packing into rows of cutoff_len 512 would put ~4.5 of the coffee examples in
-    each row, where the unpacked step has one per row."""
+    """docs/configuration.md (the quickstart config): packing into rows of cutoff_len 512 would put ~4.5 of the coffee
+    examples in each row, where the unpacked step has one per row."""
     import json
 
     from gemmaforge.data.formats import detect_schema, to_messages
@@ -161,7 +161,7 @@ def test_with_packing_a_quickstart_row_holds_about_4_5_of_its_examples(gemma3_to
 
 
 def test_train_and_lora_keys_are_training_arguments_and_lora_config_names_but_the_documented_extras() -> None:
-    """README (Configuration): the `train` and `lora` keys are transformers' TrainingArguments and PEFT's LoraConfig
+    """docs/configuration.md: the `train` and `lora` keys are transformers' TrainingArguments and PEFT's LoraConfig
     names, plus the extras it lists; warmup_ratio is LLaMA-Factory's (transformers 5 reads a float warmup_steps)."""
     import dataclasses
 
@@ -170,8 +170,7 @@ def test_train_and_lora_keys_are_training_arguments_and_lora_config_names_but_th
 
     from gemmaforge.config import LoraSection, TrainConfig
 
-    readme = (EXAMPLES.parent / "README.md").read_text(encoding="utf-8")
-    section = readme.split("## Configuration")[1].split("\n## ")[0]
+    section = (EXAMPLES.parent / "docs" / "configuration.md").read_text(encoding="utf-8")
     train_extras = set(TrainConfig.model_fields) - {f.name for f in dataclasses.fields(TrainingArguments)}
     lora_extras = set(LoraSection.model_fields) - {f.name for f in dataclasses.fields(LoraConfig)}
     assert train_extras == {"method", "cutoff_len", "packing", "attention", "logits_chunk_size",

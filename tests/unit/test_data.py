@@ -37,7 +37,8 @@ def prepare(tmp_path: Path, tok, cutoff_len: int = 512, **data: Any) -> tuple[di
 
 
 def test_alpaca_json_array_becomes_messages(tmp_path: Path, tok) -> None:
-    """Also README (data.system): a record's own system prompt is kept; data.system goes to the others."""
+    """Also docs/configuration.md (data.system): a record's own system prompt is kept; data.system goes to the others.
+    """
     records = [*RECORDS[:-1], {**RECORDS[-1], "system": "你是咖啡师"}]
     src = write(tmp_path / "d.json", records)
     stats, train, val = prepare(tmp_path, tok, path=str(src), val_size=0.2, system="你是助手")

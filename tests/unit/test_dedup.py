@@ -112,8 +112,8 @@ def test_short_texts_are_one_shingle() -> None:
 
 
 def test_shingles_are_5_characters_wide() -> None:
-    """README: MinHash over character 5-grams. One shingle gives one MinHash value (every empty bin copies it);
-    a text's values are exactly those of its 5-character windows: 5 characters make one shingle, 6 make two."""
+    """docs/data.md: MinHash over character 5-grams. One shingle gives one MinHash value (every empty bin copies it); a
+    text's values are exactly those of its 5-character windows: 5 characters make one shingle, 6 make two."""
     dedup = Deduplicator("near")
 
     def values(text: str) -> set[int]:

@@ -1,7 +1,6 @@
-"""Several ranks (README, "Several GPUs and machines"): rank 0 alone prepares the data while the others
-wait at the barrier, and ranks that finish with different adapters stop the stage. Both ranks' roles are played
-in this one process (RANK, WORLD_SIZE and the collective calls); tests/unit/test_training_engine.py has two real
-gloo processes."""
+"""Several ranks (docs/several-gpus.md): rank 0 alone prepares the data while the others wait at the barrier, and ranks
+that finish with different adapters stop the stage. Both ranks' roles are played in this one process (RANK, WORLD_SIZE
+and the collective calls); tests/unit/test_training_engine.py has two real gloo processes."""
 
 from __future__ import annotations
 

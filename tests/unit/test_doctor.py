@@ -21,15 +21,16 @@ TOOLS = Path(__file__).parents[1] / "fixtures" / "gpu_tools"
 XTX_BYTES = 25753026560
 
 
-# The --json schema's check ids, in order, as README.md documents them (new ids are only ever added at the end)
+# The --json schema's check ids, in order, as docs/gpu-setup.md documents them (new ids are only ever added at the end)
 DOCUMENTED_IDS = ["platform", "torch", "devices", "gpu_tools", "driver_access", "arch_support", "hsa_override", "bf16",
                   "sdpa", "flash_attn", "bitsandbytes", "conflicts", "disk", "hf_token", "llama_cpp", "ollama"]
 
 
-def test_the_readme_documents_every_check_id() -> None:
-    """README's table under `gemmaforge doctor` names each id once, in the schema's order, and counts them."""
-    readme = (Path(__file__).parents[2] / "README.md").read_text(encoding="utf-8")
-    section = readme.split("### `gemmaforge doctor")[1].split("\n### ")[0]
+def test_the_gpu_setup_page_documents_every_check_id() -> None:
+    """docs/gpu-setup.md's table under `gemmaforge doctor` names each id once, in the schema's order, and counts them.
+    """
+    page = (Path(__file__).parents[2] / "docs" / "gpu-setup.md").read_text(encoding="utf-8")
+    section = page.split("## `gemmaforge doctor")[1].split("\n## ")[0]
     rows = [line.split("|")[1] for line in section.splitlines() if line.startswith("| `")]
     assert [name for row in rows for name in re.findall(r"`(\w+)`", row)] == DOCUMENTED_IDS
     assert "Sixteen checks" in section and len(DOCUMENTED_IDS) == 16
@@ -49,7 +50,7 @@ def test_doctor_passes_on_this_machine_and_says_why_bf16_is_or_is_not_used(capsy
     monkeypatch.delenv("HSA_OVERRIDE_GFX_VERSION", raising=False)
     code, result = run_doctor_json(capsys)
     assert code == 0 and result["status"] in ("pass", "warn")
-    # the --json schema README documents, key for key
+    # the --json schema docs/gpu-setup.md documents, key for key
     assert result["schema"] == "gemmaforge-doctor/1"
     assert set(result) == {"schema", "gemmaforge", "status", "summary", "checks", "gpus", "precision"}
     assert set(result["summary"]) == {"pass", "warn", "fail", "skip"}
@@ -303,7 +304,7 @@ def cuda_torch() -> doc.TorchFacts:
 
 
 def test_devices_names_every_device_torch_sees_with_its_arch_and_memory(tmp_path: Path) -> None:
-    """README: `devices` lists every device torch sees: name, arch (gcnArchName on ROCm), memory."""
+    """docs/gpu-setup.md: `devices` lists every device torch sees: name, arch (gcnArchName on ROCm), memory."""
     torch_facts = rocm_torch()
     torch_facts.devices.append({"name": "AMD Instinct MI300X", "arch": "gfx942", "memory_bytes": 192 * 2**30})
     check = doc.check_devices(described(tmp_path, torch_facts))
@@ -312,7 +313,7 @@ def test_devices_names_every_device_torch_sees_with_its_arch_and_memory(tmp_path
 
 
 def test_bf16_is_decided_by_the_rocm_arch_rdna4_included_and_by_compute_capability_on_cuda(monkeypatch) -> None:
-    """README: bf16 on CUDA sm80+, on ROCm by the arch (CDNA and RDNA3/4 yes, RDNA1/2 no, whatever
+    """docs/gpu-setup.md: bf16 on CUDA sm80+, on ROCm by the arch (CDNA and RDNA3/4 yes, RDNA1/2 no, whatever
     torch.cuda.is_bf16_supported() says)."""
     from types import SimpleNamespace
 
@@ -343,7 +344,7 @@ def test_bf16_is_decided_by_the_rocm_arch_rdna4_included_and_by_compute_capabili
 
 
 def test_sdpa_warns_with_a_fix_when_no_fused_kernel_runs(tmp_path: Path) -> None:
-    """README: `sdpa` passes when a fused kernel (flash or memory-efficient) runs forward and backward."""
+    """docs/gpu-setup.md: `sdpa` passes when a fused kernel (flash or memory-efficient) runs forward and backward."""
     fused = doc.check_sdpa(described(tmp_path, rocm_torch(), ("flash_attention", "")))
     assert fused.status == "pass" and fused.fix is None
     assert fused.detail == "flash attention kernel runs forward and backward on the GPU"
@@ -362,7 +363,7 @@ def installed(monkeypatch: pytest.MonkeyPatch, **versions: str) -> None:
 
 
 def test_flash_attn_is_looked_up_and_judged_by_arch(tmp_path: Path, monkeypatch) -> None:
-    """README: `flash_attn` installed, and with kernels for this arch (not needed: training uses SDPA)."""
+    """docs/gpu-setup.md: `flash_attn` installed, and with kernels for this arch (not needed: training uses SDPA)."""
     installed(monkeypatch)
     missing = doc.check_flash_attn(described(tmp_path, rocm_torch()))
     assert missing.status == "skip" and missing.detail.startswith("not installed")
@@ -375,7 +376,8 @@ def test_flash_attn_is_looked_up_and_judged_by_arch(tmp_path: Path, monkeypatch)
 
 
 def test_bitsandbytes_needs_0_50_on_rocm(tmp_path: Path, monkeypatch) -> None:
-    """README: `bitsandbytes` installed, with kernels for this arch; QLoRA needs bitsandbytes 0.50+ on ROCm."""
+    """docs/gpu-setup.md: `bitsandbytes` installed, with kernels for this arch; QLoRA needs bitsandbytes 0.50+ on ROCm.
+    """
     installed(monkeypatch)
     missing = doc.check_bitsandbytes(described(tmp_path, rocm_torch()))
     assert missing.status == "warn" and "not installed" in missing.detail
@@ -394,7 +396,8 @@ def test_bitsandbytes_needs_0_50_on_rocm(tmp_path: Path, monkeypatch) -> None:
 
 @pytest.mark.parametrize("package", ["pynvml", "nvidia_ml_py"])
 def test_pynvml_beside_a_rocm_torch_warns(tmp_path: Path, monkeypatch, package: str) -> None:
-    """README: `conflicts` is pip amdsmi or pynvml beside a ROCm torch (pynvml's current name: nvidia-ml-py)."""
+    """docs/gpu-setup.md: `conflicts` is pip amdsmi or pynvml beside a ROCm torch (pynvml's current name: nvidia-ml-py).
+    """
     installed(monkeypatch, **{package: "12.570.86"})
     check = doc.check_conflicts(described(tmp_path, rocm_torch()))
     assert check.status == "warn" and "pynvml 12.570.86 beside a ROCm torch" in check.detail
@@ -415,7 +418,8 @@ def test_pynvml_beside_a_rocm_torch_warns(tmp_path: Path, monkeypatch, package: 
 def test_disk_fails_below_2_gib_and_warns_below_20_gib_where_models_or_runs_go(tmp_path: Path, monkeypatch,
                                                                               models_free: int, runs_free: int,
                                                                               status: str) -> None:
-    """README: `disk` is the free space where models (GEMMAFORGE_HOME) and runs go; the worse place decides."""
+    """docs/gpu-setup.md: `disk` is the free space where models (GEMMAFORGE_HOME) and runs go; the worse place decides.
+    """
     import shutil
 
     models, runs = tmp_path / "models", tmp_path / "runs"
@@ -432,8 +436,8 @@ def test_disk_fails_below_2_gib_and_warns_below_20_gib_where_models_or_runs_go(t
 
 
 def test_a_cpu_torch_beside_an_nvidia_gpu_fails_with_the_cuda_install_line(tmp_path, monkeypatch) -> None:
-    """README: a CPU torch build beside an NVIDIA GPU (the recorded `nvidia-smi` of one card on PATH) fails the
-    torch check with the CUDA wheel index line; a CUDA build beside it passes."""
+    """docs/gpu-setup.md: a CPU torch build beside an NVIDIA GPU (the recorded `nvidia-smi` of one card on PATH) fails
+    the torch check with the CUDA wheel index line; a CUDA build beside it passes."""
     from gemmaforge.system.gpu_tools import query_gpus
 
     install_fake_tools(tmp_path / "bin", nvidia_smi=TOOLS / "nvidia_smi_one.csv")
@@ -453,8 +457,8 @@ def test_a_cpu_torch_beside_an_nvidia_gpu_fails_with_the_cuda_install_line(tmp_p
 def test_driver_access_passes_in_the_render_and_video_groups_and_warns_outside(tmp_path, monkeypatch,
                                                                               groups: set[str],
                                                                               missing: list[str]) -> None:
-    """README: `driver_access` checks render/video group membership: with /dev/kfd and the render node open, it
-    passes in both groups and warns, naming the missing group(s) and the usermod line, otherwise."""
+    """docs/gpu-setup.md: `driver_access` checks render/video group membership: with /dev/kfd and the render node open,
+    it passes in both groups and warns, naming the missing group(s) and the usermod line, otherwise."""
     monkeypatch.setattr(doc, "_group_names", lambda: groups)
     facts = doc.Facts(amd_machine(tmp_path), doc.TorchFacts("2.6.0", "6.4", None), GpuQuery([], []),
                       kfd_gpus(tmp_path / "sys"), (True, "x"), None)
@@ -468,8 +472,8 @@ def test_driver_access_passes_in_the_render_and_video_groups_and_warns_outside(t
 
 
 def test_doctor_gives_a_gpu_tool_5_seconds_and_survives_one_that_hangs(tmp_path, monkeypatch) -> None:
-    """README: output of a tool that hangs (5 s) never crashes doctor: the tools are run with a 5 s timeout (cut
-    short here so the test does not wait), and the reason is in the check's detail."""
+    """docs/gpu-setup.md: output of a tool that hangs (5 s) never crashes doctor: the tools are run with a 5 s timeout
+    (cut short here so the test does not wait), and the reason is in the check's detail."""
     import subprocess
 
     from tests.fake_gpu_tools import hanging

@@ -190,7 +190,7 @@ def test_seeded_sampling_repeats_with_its_seed(results: dict, trained: Path) -> 
 
 @pytest.mark.slow
 def test_llamacpp_engine_answers_as_the_merged_model(results: dict, trained: Path) -> None:
-    """On a split export: the engine takes the first shard and llama.cpp loads the set (README, export gguf)."""
+    """On a split export: the engine takes the first shard and llama.cpp loads the set (docs/export.md, export gguf)."""
     pytest.importorskip("llama_cpp")
     assert main(["merge", str(trained)]) == 0
     assert main(["export", "gguf", str(trained), "--quant", "f16", "--split-max-tensors", "12"]) == 0

@@ -144,7 +144,7 @@ def test_reference_metrics_agree_with_sacrebleus_chinese_tokenizer() -> None:
 
 
 def test_shipped_retention_probes() -> None:
-    probes = retention_probes()  # README: 60 probes, 30 in English and 30 in Chinese
+    probes = retention_probes()  # docs/quickstart.md: 60 probes, 30 in English and 30 in Chinese
     assert len(probes) == 60 and len({p.id for p in probes}) == len(probes)
     assert sorted(p.lang for p in probes) == ["en"] * 30 + ["zh"] * 30
     france = next(p for p in probes if p.id == "en-capital-france")
@@ -195,7 +195,7 @@ def test_answer_summary_counts_what_each_answer_did() -> None:
 
 
 def test_cases_without_a_system_prompt_get_the_deployed_one(tmp_path: Path) -> None:
-    """README (eval): a case's system defaults to the system prompt the model is deployed with: the export's own
+    """docs/evaluation.md: a case's system defaults to the system prompt the model is deployed with: the export's own
     (export.ollama.system), else the one it trained with (data.system), as the Modelfile and serve give it."""
     from gemmaforge.config import RunConfig
     from gemmaforge.evaluate.evaluation import suite_cases

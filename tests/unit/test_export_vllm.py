@@ -48,8 +48,8 @@ def test_adapter_command_names_base_adapter_and_the_rank_vllm_admits(trained: Pa
 
 def test_max_model_len_follows_the_modelfile_context_and_a_hub_base_is_named_as_given(trained: Path,
                                                                                      tiny_gemma3_dir: Path) -> None:
-    """README (export vllm): `--max-model-len` is export.ollama.num_ctx; a hub-id base goes into serve.sh as given
-    (vLLM downloads it), a local or embedded base as its folder."""
+    """docs/export.md (export vllm): `--max-model-len` is export.ollama.num_ctx; a hub-id base goes into serve.sh as
+    given (vLLM downloads it), a local or embedded base as its folder."""
     import yaml
 
     from gemmaforge.models import ResolvedModel

@@ -253,7 +253,8 @@ def test_chat_template_argument_is_written(written):
 
 
 def test_a_folders_own_chat_template_goes_into_its_gguf(written):
-    """README (export gguf PATH): a checkpoint folder's own template is kept; a folder without one writes none."""
+    """docs/export.md (export gguf PATH): a checkpoint folder's own template is kept; a folder without one writes none.
+    """
     assert field(written["q4_0"], Keys.Tokenizer.CHAT_TEMPLATE) == FOLDER_TEMPLATE
     assert Keys.Tokenizer.CHAT_TEMPLATE not in written["f32"].fields
 

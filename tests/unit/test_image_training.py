@@ -176,6 +176,6 @@ def test_planner_prices_what_an_adapted_tower_keeps_per_picture(kind: str, check
     measured = saved_bytes(model, batch) - saved_bytes(model, without)
     config = AutoConfig.from_pretrained(model_dir)
     planned = bytes_per_picture(config, model_dir, spec.family, adapted, torch.float32)
-    assert measured > 0 and abs(planned / measured - 1) < 1e-3, (planned, measured)  # README: within 0.02%
+    assert measured > 0 and abs(planned / measured - 1) < 1e-3, (planned, measured)  # docs/images.md: within 0.02%
     frozen = run_config(model={"name_or_path": str(model_dir)})
     assert bytes_per_picture(config, model_dir, spec.family, frozen, torch.float32) == 0.0

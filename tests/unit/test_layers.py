@@ -1,6 +1,6 @@
-"""The package's layers point one way (README, "Architecture"): every gemmaforge module imports only from its own
-layer or the ones below, function-level imports included. Every module is named here: a top-level module by its
-name, a folder by its name when the whole folder is one layer. A new module fails until it is given its layer."""
+"""The package's layers point one way (docs/architecture.md): every gemmaforge module imports only from its own layer or
+the ones below, function-level imports included. Every module is named here: a top-level module by its name, a folder by
+its name when the whole folder is one layer. A new module fails until it is given its layer."""
 
 from __future__ import annotations
 
@@ -145,11 +145,10 @@ def test_the_checks_see_what_they_must() -> None:
         raise AssertionError("a module nobody placed was given a layer")
 
 
-def test_the_readme_draws_these_layers() -> None:
-    """README's "Architecture" names the layers above, bottom up (core's and the front ends' ranks as one, the
-    four stages as one step, in their order)."""
-    readme = (PACKAGE.parent / "README.md").read_text(encoding="utf-8")
-    section = readme.split("## Architecture")[1].split("\n## ")[0]
+def test_the_architecture_page_draws_these_layers() -> None:
+    """docs/architecture.md names the layers above, bottom up (core's and the front ends' ranks as one, the four stages
+    as one step, in their order)."""
+    section = (PACKAGE.parent / "docs" / "architecture.md").read_text(encoding="utf-8")
     drawn = re.findall(r"^\d\. \*\*([a-z ]+)\*\*", section, flags=re.MULTILINE)
     names = [name.split(":")[0] if not name.endswith(" stage") else "stages" for name, _ in LAYERS]
     assert drawn == list(dict.fromkeys(names))

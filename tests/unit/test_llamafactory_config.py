@@ -114,12 +114,11 @@ def test_every_key_of_the_examples_is_in_one_table(llamafactory_data: Path) -> N
     assert {"qwen3_lora_sft.yaml", "qwen3_lora_sft_ds3.yaml", "qwen3vl_lora_sft.yaml"} <= set(checked), checked
 
 
-def test_the_readme_states_every_key_of_the_tables() -> None:
-    """README's LLaMA-Factory section names each translated, ignored and refused key, as the code's tables hold them."""
+def test_the_llamafactory_page_states_every_key_of_the_tables() -> None:
+    """docs/llamafactory.md names each translated, ignored and refused key, as the code's tables hold them."""
     from gemmaforge.compat.llamafactory import EXPORT_IGNORED, EXPORT_REFUSED, IGNORED_PREFIXES, PEFT_KEYS
 
-    readme = (Path(__file__).parents[2] / "README.md").read_text(encoding="utf-8")
-    section = readme.split("## LLaMA-Factory configs")[1].split("\n## ")[0]
+    section = (Path(__file__).parents[2] / "docs" / "llamafactory.md").read_text(encoding="utf-8")
     keys = [*TRANSLATED, *IGNORED, *REFUSED, *PEFT_KEYS, *EXPORT_IGNORED, *EXPORT_REFUSED,
             *(f"{prefix}*" for prefix in IGNORED_PREFIXES)]
     assert [key for key in keys if f"`{key}`" not in section] == []

@@ -88,9 +88,9 @@ def test_packed_rows_equal_separate_examples(family: str, text_checkpoint_of) ->
 @pytest.mark.parametrize("family", ["gemma", "gemma2", "gemma4"])  # Gemma 3: every other training test
 @pytest.mark.slow
 def test_gemmaforge_run_trains_merges_and_exports_each_family(family: str, text_checkpoint_of, tmp_path: Path) -> None:
-    """README (Checkpoint kinds): every text kind goes through `gemmaforge run`: a few training steps, the merge
-    and an f16 GGUF (eval off) that llama.cpp loads and that computes what the merged model computes (relative
-    error of the logits measured: Gemma 1 3.6e-4, Gemma 2 9.3e-4, Gemma 4 8.6e-4)."""
+    """docs/checkpoint-kinds.md: every text kind goes through `gemmaforge run`: a few training steps, the merge and an
+    f16 GGUF (eval off) that llama.cpp loads and that computes what the merged model computes (relative error of the
+    logits measured: Gemma 1 3.6e-4, Gemma 2 9.3e-4, Gemma 4 8.6e-4)."""
     from safetensors.torch import load_file
     from transformers import AutoModelForCausalLM
 

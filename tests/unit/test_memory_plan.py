@@ -138,9 +138,9 @@ GPU = Device("gpu", "a GPU", 2**40, 0)
 @pytest.mark.parametrize("template_tokens", [False, True])
 def test_the_trainable_part_is_16_bytes_per_lora_parameter(tiny_gemma3_dir: Path, tmp_path: Path,
                                                            template_tokens: bool) -> None:
-    """README: LoRA (and template-token) parameters with gradient and AdamW state, 16 bytes each. The parameters
-    are counted here from the checkpoint's shapes: r x (in + out) for each of q, k, v, o in every layer, and one
-    hidden-wide row for each of the two chat markers."""
+    """docs/training.md: LoRA (and template-token) parameters with gradient and AdamW state, 16 bytes each. The
+    parameters are counted here from the checkpoint's shapes: r x (in + out) for each of q, k, v, o in every layer, and
+    one hidden-wide row for each of the two chat markers."""
     from transformers import AutoConfig
 
     cfg = AutoConfig.from_pretrained(tiny_gemma3_dir)
@@ -154,8 +154,8 @@ def test_the_trainable_part_is_16_bytes_per_lora_parameter(tiny_gemma3_dir: Path
 
 
 def test_a_4_bit_linear_weight_is_priced_at_0_52_bytes(tiny_gemma3_dir: Path, tmp_path: Path) -> None:
-    """README: NF4 (~0.52 bytes per parameter) for model.load_in_4bit: bitsandbytes' 4 bits per weight, an 8-bit
-    absmax per block of 64 and an fp32 constant per 256 absmax (double quantization). Only the decoder layers'
+    """docs/training.md: NF4 (~0.52 bytes per parameter) for model.load_in_4bit: bitsandbytes' 4 bits per weight, an
+    8-bit absmax per block of 64 and an fp32 constant per 256 absmax (double quantization). Only the decoder layers'
     linear weights are quantized; everything else stays in the training dtype (bf16 here)."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
@@ -171,8 +171,8 @@ def test_a_4_bit_linear_weight_is_priced_at_0_52_bytes(tiny_gemma3_dir: Path, tm
 
 
 def test_fp16_activations_are_planned_as_fp32(text_checkpoint_of, tmp_path: Path) -> None:
-    """README: fp16 (Gemma 1/2 only) is planned as fp32 activations, an overestimate: on a tiny Gemma 2 the fp16
-    plan's activations (and the backward term drawn from them) equal the fp32 plan's, above the bf16 plan's."""
+    """docs/training.md: fp16 (Gemma 1/2 only) is planned as fp32 activations, an overestimate: on a tiny Gemma 2 the
+    fp16 plan's activations (and the backward term drawn from them) equal the fp32 plan's, above the bf16 plan's."""
     base = resolve_model(str(text_checkpoint_of("gemma2")), tmp_path)
     config = run_config(train={"precision": "fp16"})
     fp16, fp32, bf16 = (Planner(config, base, precision, GPU).parts(2, 128, False)
@@ -183,11 +183,10 @@ def test_fp16_activations_are_planned_as_fp32(text_checkpoint_of, tmp_path: Path
 
 @pytest.mark.slow
 def test_the_backward_term_is_what_the_largest_layer_keeps(text_checkpoint_of, tmp_path: Path) -> None:
-    """README (`gemmaforge plan`): backward is the largest layer's gradients while its backward runs, counted as
-    what that layer keeps for backward (twice that with gradient checkpointing, which recomputes it first). Held
-    against a trace of the wrapped tiny Gemma 4, whose full-attention layers (wider heads) keep the most; the
-    first layer of a kind also keeps what its kind shares, which the plan counts elsewhere (measured 4.9% below
-    the trace)."""
+    """docs/training.md (`gemmaforge plan`): backward is the largest layer's gradients while its backward runs, counted
+    as what that layer keeps for backward (twice that with gradient checkpointing, which recomputes it first). Held
+    against a trace of the wrapped tiny Gemma 4, whose full-attention layers (wider heads) keep the most; the first
+    layer of a kind also keeps what its kind shares, which the plan counts elsewhere (measured 4.9% below the trace)."""
     from gemmaforge.models import load_tokenizer
     from gemmaforge.train.wrapping import build_peft_model
 

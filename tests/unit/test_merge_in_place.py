@@ -1,6 +1,6 @@
-"""The merge copies the base's safetensors files and rewrites only the adapted tensors (README "merge"): the
-result equals PEFT's merge_and_unload on the whole model in fp32, rounded once to the stored dtype, for every
-checkpoint kind and every kind of adapted module, and the base is never loaded whole."""
+"""The merge copies the base's safetensors files and rewrites only the adapted tensors (docs/export.md, merge): the
+result equals PEFT's merge_and_unload on the whole model in fp32, rounded once to the stored dtype, for every checkpoint
+kind and every kind of adapted module, and the base is never loaded whole."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """metrics.jsonl gets one row per log step (rank 0 only); loss.png is drawn once training is over, never by a log
-(README, `gemmaforge train`: "`loss.png` is drawn after training")."""
+(docs/training.md: "`loss.png` is drawn after training")."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""Model references (README, Quickstart and `model.name_or_path`): the embedded model and a local `.gguf` file are
-converted once into a safetensors copy under GEMMAFORGE_HOME and found there afterwards."""
+"""Model references (README's Quickstart, docs/configuration.md's `model.name_or_path`): the embedded model and a local
+`.gguf` file are converted once into a safetensors copy under GEMMAFORGE_HOME and found there afterwards."""
 
 from __future__ import annotations
 

@@ -80,7 +80,7 @@ def test_a_failing_tool_or_a_raising_query_never_stops_anything(tmp_path: Path,
 
 
 def test_on_a_gpu_each_row_has_torchs_allocator_counters(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """README (device monitor): on a GPU each metrics.jsonl row carries torch_allocated_bytes and
+    """docs/training.md (device monitor): on a GPU each metrics.jsonl row carries torch_allocated_bytes and
     torch_reserved_bytes (torch.cuda's counters, mocked here) beside the tools' fields, instead of rss_bytes."""
     from gemmaforge.train.callbacks import MetricsCallback
 
@@ -110,7 +110,7 @@ def test_the_thread_polls_until_stopped(tmp_path: Path, monkeypatch: pytest.Monk
     calls = len(read_calls(bin_dir))
     time.sleep(0.3)
     assert calls >= 3 and len(read_calls(bin_dir)) == calls
-    assert DeviceMonitor(index=0).interval_s == 5  # README: every 5 seconds
+    assert DeviceMonitor(index=0).interval_s == 5  # docs/training.md: every 5 s
 
 
 def test_the_monitor_watches_the_gpu_this_process_uses(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -246,8 +246,8 @@ def test_slow_step_findings() -> None:
                                          (None, "a newer torch build may have a kernel for this GPU")])
 def test_a_gpu_without_a_fused_attention_kernel_is_a_finding(monkeypatch: pytest.MonkeyPatch, hip: str | None,
                                                              fix: str) -> None:
-    """README (train): the SDPA math-kernel fallback is detected on a GPU (the probe's answer faked here) and
-    becomes a slow-step finding with the fix for this torch build; with a fused kernel, or no GPU, none."""
+    """docs/training.md: the SDPA math-kernel fallback is detected on a GPU (the probe's answer faked here) and becomes
+    a slow-step finding with the fix for this torch build; with a fused kernel, or no GPU, none."""
     import torch
 
     from gemmaforge.system import sdpa_probe
@@ -269,8 +269,8 @@ def test_a_gpu_without_a_fused_attention_kernel_is_a_finding(monkeypatch: pytest
 def test_the_monitor_reads_the_tools_of_this_torch_build(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                          hip: str | None, cuda: str | None, tool: str,
                                                          card: str) -> None:
-    """README: a ROCm torch reads the AMD tools, a CUDA torch `nvidia-smi`, even with both vendors' tools on PATH
-    (an AMD APU beside an NVIDIA card); the other vendor's tool is never run. A CPU build reads the first that
+    """docs/training.md: a ROCm torch reads the AMD tools, a CUDA torch `nvidia-smi`, even with both vendors' tools on
+    PATH (an AMD APU beside an NVIDIA card); the other vendor's tool is never run. A CPU build reads the first that
     answers."""
     from gemmaforge.system.monitor import tools_for_this_torch
 

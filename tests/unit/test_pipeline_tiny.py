@@ -53,7 +53,8 @@ def test_manifest_records_versions_base_and_stages(tiny_run: tuple[Path, str], t
     assert all(s["status"] == "done" and s["runtime_s"] >= 0 for s in stages.values())
     assert len(stages["data"]["train_sha256"]) == 64
     assert stages["train"]["steps"] == 4 and stages["train"]["precision"] in ("fp32", "bf16")
-    # README: what stages.train records, and the base model with its revision (a local folder: its files' hash)
+    # docs/training.md: what stages.train records, and the base model with its revision (a local folder: the hash
+    # of its files)
     assert {"samples", "samples_per_second", "supervised_tokens_per_second", "peak_memory_bytes",
             "planned_peak_bytes", "device", "precision", "resumed_from_step", "best_checkpoint", "data_wait_share",
             "padding_share", "slow_step_findings", "monitor_problems"} <= set(stages["train"])
@@ -221,8 +222,9 @@ def test_split_export_is_verified_and_kept_from_ollama(tiny_run: tuple[Path, str
 @pytest.mark.slow
 def test_a_bf16_base_merges_into_bf16_weights(tmp_path: Path, tiny_gemma3_dir: Path,
                                               monkeypatch: pytest.MonkeyPatch) -> None:
-    """README (`gemmaforge merge`): the merge copies the base's files, adds each adapted weight in fp32 and stores
-    it back in bf16: the merged bf16 weights are, bit for bit, an fp32 merge cast to bf16, in the base's files."""
+    """docs/export.md (`gemmaforge merge`): the merge copies the base's files, adds each adapted weight in fp32 and
+    stores it back in bf16: the merged bf16 weights are, bit for bit, an fp32 merge cast to bf16, in the base's files.
+    """
     import shutil
 
     from peft import PeftModel
@@ -326,9 +328,9 @@ def test_export_ollama_create_runs_ollama_create_beside_the_modelfile(tmp_path: 
 
 
 def test_the_modelfile_serve_and_eval_deploy_the_same_gguf(tmp_path: Path) -> None:
-    """One rule (README: Modelfile, `serve --engine llamacpp`, `eval --engine llamacpp`): q8_0 when written, else
-    the first of export.gguf that was written, else the first written; eval.gguf overrides it for eval, and a
-    split export is opened at its first shard."""
+    """One rule (docs/export.md and docs/evaluation.md: Modelfile, `serve --engine llamacpp`, `eval --engine llamacpp`):
+    q8_0 when written, else the first of export.gguf that was written, else the first written; eval.gguf overrides it
+    for eval, and a split export is opened at its first shard."""
     from gemmaforge.errors import UserError
     from gemmaforge.evaluate.evaluation import deployed_gguf
     from gemmaforge.runs import RunDir

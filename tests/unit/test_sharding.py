@@ -1,6 +1,6 @@
-"""Several GPUs (README "Several GPUs and machines"): the shipped launch recipes as accelerate's own launcher reads
-them, the strategy gemmaforge takes from what they hand to every rank, the refusals, and the memory planner per
-rank. The recipes are run for real by tests/integration/test_distributed.py (DDP, FSDP2, two nodes)."""
+"""Several GPUs (docs/several-gpus.md): the shipped launch recipes as accelerate's own launcher reads them, the strategy
+gemmaforge takes from what they hand to every rank, the refusals, and the memory planner per rank. The recipes are run
+for real by tests/integration/test_distributed.py (DDP, FSDP2, two nodes)."""
 
 from __future__ import annotations
 

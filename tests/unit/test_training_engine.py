@@ -64,7 +64,7 @@ def test_sigkill_then_same_command_resumes_from_the_last_complete_checkpoint(tmp
 def test_the_same_command_after_a_finished_training_trains_nothing_more(tmp_path: Path, tiny_gemma3_dir,
                                                                         capsys: pytest.CaptureFixture[str]) -> None:
     """`gemmaforge run` again after a later stage failed resumes train from its final checkpoint: no step beyond
-    max_steps (the Trainer's loop would take one), the same adapter, the same metrics. README: it says where it
+    max_steps (the Trainer's loop would take one), the same adapter, the same metrics. docs/training.md says where it
     resumed."""
     config = write_config(tmp_path, tiny_gemma3_dir, max_steps=2, save_steps=2)
     assert main(["train", str(config)]) == 0
@@ -190,8 +190,8 @@ def test_impossible_setups_are_refused_before_loading(tmp_path: Path, tiny_gemma
 def test_qlora_without_bitsandbytes_is_refused_before_loading(tmp_path: Path, tiny_gemma3_dir,
                                                               capsys: pytest.CaptureFixture[str],
                                                               monkeypatch: pytest.MonkeyPatch) -> None:
-    """README (Refused before loading): model.load_in_4bit without bitsandbytes, on a machine with a GPU (faked:
-    the GPU check comes first), is refused with the install line and nothing is trained."""
+    """docs/training.md (Refused before loading): model.load_in_4bit without bitsandbytes, on a machine with a GPU
+    (faked: the GPU check comes first), is refused with the install line and nothing is trained."""
     import importlib.util
 
     find_spec = importlib.util.find_spec
@@ -210,8 +210,8 @@ def test_qlora_without_bitsandbytes_is_refused_before_loading(tmp_path: Path, ti
 def test_tensorboard_without_the_package_is_refused_before_loading(tmp_path: Path, tiny_gemma3_dir,
                                                                    capsys: pytest.CaptureFixture[str],
                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
-    """README: `report_to: tensorboard` writes RUN_DIR/tensorboard, and needs the package: without it the run is
-    refused with the install line before anything loads."""
+    """docs/training.md: `report_to: tensorboard` writes RUN_DIR/tensorboard, and needs the package: without it the run
+    is refused with the install line before anything loads."""
     import importlib.util
 
     find_spec = importlib.util.find_spec
@@ -268,8 +268,8 @@ def test_tiny_gemma4_learns_with_gradient_checkpointing() -> None:
 @pytest.mark.slow
 def test_packed_rows_take_the_packed_attention_in_every_family(text_checkpoint_of, tiny_gemma3_dir: Path,
                                                                tmp_path: Path) -> None:
-    """README: Gemma 2 trains padded batches with eager attention (SDPA ignores its attention soft-capping); packed
-    rows of every family go through the packed attention (build_peft_model, as `train` calls it), whose kernels
+    """docs/training.md: Gemma 2 trains padded batches with eager attention (SDPA ignores its attention soft-capping);
+    packed rows of every family go through the packed attention (build_peft_model, as `train` calls it), whose kernels
     soft-cap."""
     from gemmaforge.families import FAMILIES
     from gemmaforge.models import load_tokenizer, resolve_model
@@ -289,9 +289,9 @@ def test_packed_rows_take_the_packed_attention_in_every_family(text_checkpoint_o
 
 def test_every_training_arguments_name_of_the_train_section_reaches_training_arguments(tmp_path: Path,
                                                                                       monkeypatch) -> None:
-    """README: the `train` keys named after TrainingArguments are those arguments; each is set here to a value
-    other than its default (warmup_ratio and warmup_steps in two configs) and read back from the arguments
-    `train` builds, without training."""
+    """docs/configuration.md: the `train` keys named after TrainingArguments are those arguments; each is set here to a
+    value other than its default (warmup_ratio and warmup_steps in two configs) and read back from the arguments `train`
+    builds, without training."""
     from gemmaforge.recipe.trainer import checkpointing_arguments, training_arguments
 
     monkeypatch.setenv("TENSORBOARD_LOGGING_DIR", "unset")  # training_arguments sets it; restored after the test
@@ -324,8 +324,8 @@ def test_every_training_arguments_name_of_the_train_section_reaches_training_arg
 
 @pytest.mark.slow
 def test_modules_to_save_trains_the_whole_module_into_the_adapter(tmp_path: Path, tiny_gemma3_dir) -> None:
-    """README (`lora`): `modules_to_save` trains whole modules beside the LoRA weights and saves them with the
-    adapter: lm_head here, tied to the embedding in Gemma, so the adapter holds its own trained copy."""
+    """docs/configuration.md (`lora`): `modules_to_save` trains whole modules beside the LoRA weights and saves them
+    with the adapter: lm_head here, tied to the embedding in Gemma, so the adapter holds its own trained copy."""
     from safetensors.torch import load_file
 
     config = write_config(tmp_path, tiny_gemma3_dir, lora={"modules_to_save": ["lm_head"]}, max_steps=1,

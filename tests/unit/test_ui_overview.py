@@ -178,12 +178,12 @@ def test_the_chat_history_the_page_hands_back_is_read_as_text() -> None:
     assert conversation([], "Next?", "  ") == [{"role": "user", "content": "Next?"}]
 
 
-README = (Path(__file__).parents[2] / "README.md").read_text(encoding="utf-8")
+DASHBOARD_PAGE = (Path(__file__).parents[2] / "docs" / "dashboard.md").read_text(encoding="utf-8")
 
 
-def test_readme_figures_for_the_dashboard_are_its_own() -> None:
-    """README: refreshed every 3 s, long series thinned to 2,000 points, gradio only in the ui extra."""
-    section = " ".join(README.split("### `gemmaforge ui")[1].split("\n### ")[0].split())
+def test_the_dashboard_page_figures_are_its_own() -> None:
+    """docs/dashboard.md: refreshed every 3 s, long series thinned to 2,000 points, gradio only in the ui extra."""
+    section = " ".join(DASHBOARD_PAGE.split())
     assert f"refreshed every {REFRESH_S:g} s" in section
     thinned = int(section.split("thinned to ")[1].split(" points")[0].replace(",", ""))
     assert len(points([{"step": i, "loss": 1.0} for i in range(3 * thinned)], "loss")) == thinned
