@@ -1,5 +1,6 @@
 """MkDocs hooks: the reference pages are written from the code where the code is the source of the fact (the
-config models' keys, defaults and help; each verb's argparse help), and benchmarks/README.md with its screenshots
+config models' keys, defaults and help; each verb's argparse help; the LLaMA-Factory keys the translation ignores
+and refuses, with its reasons), and benchmarks/README.md with its screenshots
 joins the site as it is, so no fact is copied into a page by hand."""
 
 from __future__ import annotations
@@ -31,7 +32,10 @@ def on_files(files: Files, config: Any) -> Files:
 
 
 def on_page_markdown(markdown: str, page: Any, config: Any, files: Files) -> str:
-    for marker, write in (("<!-- reference: config -->", config_reference), ("<!-- reference: cli -->", cli_reference)):
+    writers = {"config": config_reference, "cli": cli_reference, "llamafactory-ignored": llamafactory_ignored,
+               "llamafactory-refused": llamafactory_refused}
+    for name, write in writers.items():
+        marker = f"<!-- reference: {name} -->"
         if marker in markdown:
             markdown = markdown.replace(marker, write())
     return markdown
@@ -125,3 +129,37 @@ def _helps(parser: argparse.ArgumentParser, path: list[str], out: list[str]) -> 
         if isinstance(action, argparse._SubParsersAction):
             for name, sub in action.choices.items():
                 _helps(sub, [*path, name], out)
+
+
+# ---------------------------------------------------------------------------- LLaMA-Factory keys
+
+
+def llamafactory_ignored() -> str:
+    """The keys the translation ignores (training configs, `lora_config:`, export YAMLs), with its reasons."""
+    from gemmaforge.compat.llamafactory import EXPORT_IGNORED, IGNORED, IGNORED_PREFIXES, PEFT_IGNORED
+
+    rows = [*((f"`{k}`", why) for k, why in sorted(IGNORED.items())),
+            *((f"`{p}*`", why) for p, why in sorted(IGNORED_PREFIXES.items())),
+            *((f"`lora_config:` `{k}`", why) for k, why in sorted(PEFT_IGNORED.items())),
+            *((f"`{k}` (export YAML)", why) for k, why in sorted(EXPORT_IGNORED.items()))]
+    return "\n".join(["| key | why it is ignored |", "|---|---|", *(f"| {k} | {_cell(why)} |" for k, why in rows)])
+
+
+def llamafactory_refused() -> str:
+    """The keys refused unless set to the value that means what gemmaforge does, with its reasons."""
+    from gemmaforge.compat.llamafactory import EXPORT_REFUSED, REFUSED
+
+    rows = [*((f"`{k}`", ok, why) for k, (ok, why) in sorted(REFUSED.items())),
+            *((f"`{k}` (export YAML)", ok, why) for k, (ok, why) in sorted(EXPORT_REFUSED.items()))]
+    return "\n".join(["| key | accepted value | what gemmaforge does instead |", "|---|---|---|",
+                      *(f"| {k} | {_accepted(ok)} | {_cell(why)} |" for k, ok, why in rows)])
+
+
+def _accepted(value: Any) -> str:
+    from gemmaforge.compat.llamafactory import SAME_AS
+
+    if isinstance(value, str) and value in SAME_AS:
+        return f"the value of `{value}`"
+    if isinstance(value, tuple | list | set | frozenset):
+        return ", ".join(_accepted(v) for v in value)
+    return "left out" if value is None else f"`{json.dumps(value)}`"

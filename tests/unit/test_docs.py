@@ -67,6 +67,22 @@ def test_the_cli_reference_is_each_verbs_own_help(site: Path, capsys: pytest.Cap
     assert page.count("usage: gemmaforge") >= 18  # the program, every verb and every sub-verb
 
 
+def test_the_llamafactory_page_lists_every_ignored_and_refused_key_with_its_reason(site: Path) -> None:
+    from gemmaforge.compat.llamafactory import EXPORT_IGNORED, EXPORT_REFUSED, IGNORED, IGNORED_PREFIXES, REFUSED
+
+    html = (site / "llamafactory" / "index.html").read_text(encoding="utf-8")
+    rows = [" ".join(re.sub(r"<[^>]+>", " ", row).split()) for row in re.findall(r"<tr>(.*?)</tr>", html, re.S)]
+    reasons = {**IGNORED, **{f"{p}*": why for p, why in IGNORED_PREFIXES.items()}, **EXPORT_IGNORED,
+               **{key: why for key, (_value, why) in {**REFUSED, **EXPORT_REFUSED}.items()}}
+    missing = [key for key, why in reasons.items()
+               if not any(row.startswith(key + " ") and " ".join(why.replace("`", "").split()) in row for row in rows)]
+    assert not missing, missing
+    (optim,) = [row for row in rows if row.startswith("optim ")]
+    assert '"adamw_torch"' in optim and '"adamw_torch_fused"' in optim
+    (media,) = [row for row in rows if row.startswith("media_dir ")]
+    assert "the value of dataset_dir" in media
+
+
 def test_benchmarks_readme_joins_the_site_with_its_screenshots(site: Path) -> None:
     assert "Benchmarks" in text_of(site / "benchmarks" / "index.html")
     shown = re.findall(r'src="([^"]+\.png)"', (site / "benchmarks" / "index.html").read_text(encoding="utf-8"))
