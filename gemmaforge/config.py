@@ -278,11 +278,12 @@ class EvalConfig(Section):
 
 # f32 ... q5_0 are written in numpy; the K-quants by llama.cpp's quantizer (export/quantize.py)
 GgufQuant = Literal["f32", "f16", "bf16", "q8_0", "q4_0", "q5_0", "q4_k_m", "q5_k_m", "q6_k"]
-GGUF_QUANTS: tuple[str, ...] = GgufQuant.__args__
+GGUF_QUANTS: tuple[str, ...] = get_args(GgufQuant)
+_DEFAULT_GGUF: list[GgufQuant] = ["f16", "q8_0"]
 
 
 class ExportConfig(Section):
-    gguf: list[GgufQuant] = Field(default_factory=lambda: ["f16", "q8_0"])
+    gguf: list[GgufQuant] = Field(default_factory=lambda: list(_DEFAULT_GGUF))
     split_max_size: str | None = Field(
         None, description="split each GGUF into shards of at most this size (2G, 500M) in llama.cpp's gguf-split "
         "layout; Ollama cannot import split files"

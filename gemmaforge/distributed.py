@@ -9,7 +9,9 @@ synchronisation itself.
 from __future__ import annotations
 
 import os
+from typing import Any, TypeVar
 
+T = TypeVar("T")
 
 def world_size() -> int:
     return int(os.environ.get("WORLD_SIZE", "1"))
@@ -47,12 +49,12 @@ def barrier() -> None:
         dist.barrier()
 
 
-def gather(value: object) -> list[object]:
+def gather(value: T) -> list[T]:
     """`value` from every rank (a one-element list when not distributed)."""
     if world_size() == 1:
         return [value]
     import torch.distributed as dist
 
-    values: list[object] = [None] * world_size()
+    values: list[Any] = [None] * world_size()
     dist.all_gather_object(values, value)
     return values

@@ -186,7 +186,7 @@ def _convert_gguf_to_hf(gguf: Path, target: Path) -> None:
             tokenizer_done = pool.submit(_save_tokenizer_from_gguf, gguf, tmp)
             model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name)
             # The GGUF quantizer stays attached after loading; saving would otherwise record it.
-            model.hf_quantizer = None
+            model.hf_quantizer = None  # type: ignore[assignment]  # a plain attribute, not a submodule
             if hasattr(model.config, "quantization_config"):
                 del model.config.quantization_config
             model.save_pretrained(tmp)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from gemmaforge.cli.common import Verbs, positive_int, refuse_unless
 
@@ -23,7 +23,7 @@ examples:
   curl http://127.0.0.1:11434/api/chat -d '{"model": "coffee-gemma", "messages": [{"role": "user", "content": "hi"}]}'
 """
 # the engine options' defaults; None on the command line means "not given", so flags that do not apply are refused
-ENGINE_DEFAULTS = {"engine": "transformers", "num_ctx": 4096, "dtype": "auto"}
+ENGINE_DEFAULTS: dict[str, Any] = {"engine": "transformers", "num_ctx": 4096, "dtype": "auto"}
 
 
 def add(verbs: Verbs) -> None:

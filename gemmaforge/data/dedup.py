@@ -23,9 +23,12 @@ import re
 import sys
 import unicodedata
 from functools import cache
-from typing import Literal
+from typing import TYPE_CHECKING, Literal, cast
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from typing_extensions import Buffer
 
 Mode = Literal["none", "exact", "near"]
 Verdict = Literal["duplicate", "near_duplicate"]
@@ -86,7 +89,7 @@ class _BandTable:
     def __init__(self) -> None:
         self._count = 0
         self._words = np.zeros(0, dtype=np.uint64)
-        self._view = memoryview(self._words)
+        self._view = _words_view(self._words)
         self._resize(16)
 
     def _resize(self, bits: int) -> None:
@@ -103,7 +106,7 @@ class _BandTable:
         self._shift = 64 - bits
         self._words = np.zeros(max(1 << bits, slots[-1] + 1 if words.size else 0) + _TABLE_TAIL, dtype=np.uint64)
         self._words[slots] = words
-        self._view = memoryview(self._words)  # plain-int access: a few probes per key beat numpy's per-call cost
+        self._view = _words_view(self._words)  # plain-int access: a few probes per key beat numpy's per-call cost
 
     def probe(self, keys: list[int]) -> tuple[set[int], list[int]]:
         """The rows stored under any of `keys` (a 32-bit tag collision is possible: the caller confirms them), and
@@ -133,7 +136,7 @@ class _BandTable:
                 slot += 1
             if slot == len(view) - 1:  # the run reached the end (the last slot stays free to stop every probe)
                 self._words = np.concatenate([self._words, np.zeros(_TABLE_TAIL, dtype=np.uint64)])
-                self._view = view = memoryview(self._words)
+                self._view = view = _words_view(self._words)
             view[slot] = (key >> 32 << 32) | (row + 1)
         self._count += len(keys)
 
@@ -233,3 +236,8 @@ class Deduplicator:
         self._blocks[block][offset] = signature  # truncated to the low 16 bits: 256 bytes per kept example
         self._table.add(keys, ends, self._kept)
         self._kept += 1
+
+
+def _words_view(words: np.ndarray) -> memoryview:
+    """The table as a memoryview: plain Python ints per slot (numpy's stubs do not declare arrays buffers)."""
+    return memoryview(cast("Buffer", words))

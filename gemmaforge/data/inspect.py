@@ -57,7 +57,9 @@ def encoded_conversations(path: Path, schema: Schema | None, system: str | None,
                 if not pictures:
                     yield Encoded(where, *encode(messages, tokenizer, family, **options), [])
                     continue
-                yield Encoded(where, *encode_with_images(messages, pictures, vision[0], tokenizer, family, **options),
+                prompt = vision[0]
+                assert prompt is not None  # the finder finds pictures only for a checkpoint that takes them
+                yield Encoded(where, *encode_with_images(messages, pictures, prompt, tokenizer, family, **options),
                               pictures)
 
 

@@ -22,7 +22,7 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import yaml
 
@@ -210,7 +210,7 @@ def _parse_check(raw: Any, where: str) -> Check:
         raise UserError(f"{where}: check '{name}' takes {expected.__name__}, got {value!r}")
     if name == "regex":
         try:
-            re.compile(value)
+            re.compile(cast(str, value))  # a str: checked against CHECKS above
         except re.error as exc:
             raise UserError(f"{where}: check 'regex' pattern {value!r} is not a valid regular expression "
                             f"({exc})") from None

@@ -19,7 +19,7 @@ import struct
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from gemmaforge.errors import UserError
 from gemmaforge.export.gguf import weight_files
@@ -92,7 +92,8 @@ def _adapted_meta_model(base_dir: Path, adapter_dir: Path, model_class: Any, dty
             if param is not None and param.is_meta and id(param) not in names:
                 module._parameters[attr] = torch.nn.Parameter(torch.empty_like(param, device="cpu"),
                                                               requires_grad=False)
-    result = set_peft_model_state_dict(model, load_peft_weights(str(adapter_dir), device="cpu"))
+    # torch's _IncompatibleKeys (PEFT annotates a bare namedtuple)
+    result: Any = set_peft_model_state_dict(model, load_peft_weights(str(adapter_dir), device="cpu"))
     if result.unexpected_keys:
         raise UserError(f"{adapter_dir}: adapter weights that match no module of the base "
                         f"({', '.join(result.unexpected_keys[:3])}): it was trained on another model")
@@ -134,11 +135,11 @@ def _locate(files: dict[str, Path], model: Any, groups: list[_Group],
     keys are mapped to module names by transformers' own load-time renamings (the Hub's `language_model.model.*`
     is `model.language_model.*`)."""
     from transformers.conversion_mapping import get_model_conversion_mapping
-    from transformers.core_model_loading import WeightConverter, rename_source_key
+    from transformers.core_model_loading import WeightConverter, WeightRenaming, rename_source_key
 
     base = model.get_base_model()
     transforms = get_model_conversion_mapping(base)
-    renamings = [t for t in transforms if not isinstance(t, WeightConverter)]
+    renamings = cast(list[WeightRenaming], [t for t in transforms if not isinstance(t, WeightConverter)])
     converters = [t for t in transforms if isinstance(t, WeightConverter)]
     meta_state = base.state_dict()
     stored: dict[str, tuple[Path, str]] = {}

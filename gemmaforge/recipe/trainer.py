@@ -149,8 +149,9 @@ def train(run: RunDir, config: RunConfig, base: ResolvedModel) -> dict[str, Any]
     if sharding == "fsdp2":
         show_tied_embedding(model)
     resume = common_checkpoint(run)
-    resumed_step = int(resume.name.split("-")[1]) if resume else None
+    resumed_step: int | None = None
     if resume:
+        resumed_step = int(resume.name.split("-")[1])
         console.print(f"[bold]train[/]: resuming from {resume.name} (step {resumed_step}), "
                       "the last complete checkpoint")
         if run.writes:

@@ -286,7 +286,7 @@ class Registry:
         if served.adapter is not None and not any(m.adapter == served.adapter for m in users):
             served.engine.unload_adapter(served.adapter)
         if not users and close_base and served.engine_key in self.engines:
-            self.engines.pop(cast(Path, served.engine_key)).close()
+            self.engines.pop(served.engine_key).close()
 
     @staticmethod
     def _expiry(seconds: float) -> datetime | None:

@@ -107,7 +107,8 @@ def profile_activations(model_config: Any, family: Family, config: RunConfig, dt
     beyond = None
     if window and any("sliding" in kind for kind in distinct):  # every probe row longer than the window
         narrow = _probe_config(model_config, probe_kinds, PROBE_LENGTHS[0] // 2)
-        beyond = _regime(*_traced(narrow, family, config, dtype, False, PROBE_LENGTHS), distinct)
+        narrow_short, narrow_long = _traced(narrow, family, config, dtype, False, PROBE_LENGTHS)
+        beyond = _regime(narrow_short, narrow_long, distinct)
     t1 = PROBE_LENGTHS[0]
     # one more layer of each kind: what grows outside the layers with their number
     (third,) = _traced(_probe_config(model_config, [*probe_kinds, *distinct], max(window or 0, PROBE_LENGTHS[-1])),
@@ -183,7 +184,7 @@ def uninitialised_weights() -> Iterator[None]:
     try:
         from transformers.initialization import no_init_weights
     except ImportError:  # older transformers
-        from transformers.modeling_utils import no_init_weights
+        from transformers.modeling_utils import no_init_weights  # type: ignore[attr-defined,no-redef]
     with no_init_weights():
         yield
 

@@ -149,7 +149,8 @@ def _flex_attention(device_type: str) -> Callable[..., Any]:
     """Compiled on a GPU (flex_attention's speed comes from the kernel inductor writes); eager elsewhere (tests)."""
     from torch.nn.attention.flex_attention import flex_attention
 
-    return torch.compile(flex_attention, dynamic=False) if device_type == "cuda" else flex_attention
+    eager: Callable[..., Any] = flex_attention
+    return torch.compile(eager, dynamic=False) if device_type == "cuda" else eager
 
 
 _FORWARDS: dict[str, Callable[..., torch.Tensor]] = {"segments": _segments, "flash": _flash, "flex": _flex}

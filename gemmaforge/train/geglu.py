@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import functools
 import types
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 import torch.nn.functional as F
@@ -32,7 +32,15 @@ class GatedGelu(torch.autograd.Function):
         return grad_gate, grad_up
 
 
-def _forward(self: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
+class _GatedMLP(Protocol):  # Gemma's MLP: down(gelu_tanh(gate(x)) * up(x))
+    def gate_proj(self, x: torch.Tensor) -> torch.Tensor: ...
+
+    def up_proj(self, x: torch.Tensor) -> torch.Tensor: ...
+
+    def down_proj(self, x: torch.Tensor) -> torch.Tensor: ...
+
+
+def _forward(self: _GatedMLP, x: torch.Tensor) -> torch.Tensor:
     return self.down_proj(GatedGelu.apply(self.gate_proj(x), self.up_proj(x)))
 
 

@@ -23,7 +23,7 @@ import torch
 from gemmaforge.errors import UserError
 from gemmaforge.runs import atomic_write_text
 from gemmaforge.train.attention_kernels import KERNELS, attend, supports, unavailable
-from gemmaforge.train.packed_attention import attention_modules
+from gemmaforge.train.packed_attention import attention_modules, head_size
 from gemmaforge.train.segments import PackedSegments
 
 CACHE_NAME = "attention_kernels.json"
@@ -45,7 +45,7 @@ class LayerShape:
     def of(cls, module: Any) -> LayerShape:
         groups = getattr(module, "num_key_value_groups", 1)
         heads = module.config.num_attention_heads
-        return cls(module.head_dim, heads, heads // groups, getattr(module, "sliding_window", None),
+        return cls(head_size(module), heads, heads // groups, getattr(module, "sliding_window", None),
                    getattr(module, "attn_logit_softcapping", None), getattr(module, "scaling", None))
 
 
@@ -64,7 +64,7 @@ def choose_kernels(requested: str, model: torch.nn.Module, device: torch.device,
     """The kernel for each head size of `model`'s attention layers (see the module docstring)."""
     shapes: dict[int, LayerShape] = {}
     for module in attention_modules(model):
-        shapes.setdefault(module.head_dim, LayerShape.of(module))
+        shapes.setdefault(head_size(module), LayerShape.of(module))
     if requested != "auto":
         reason = unavailable(requested, device)
         if reason:

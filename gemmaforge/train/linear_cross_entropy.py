@@ -45,8 +45,10 @@ class LinearCrossEntropy(torch.autograd.Function):
             loss += chunk_loss
             if dlogits is None:
                 continue
+            assert grad_hidden is not None  # dlogits only when gradients are needed
             grad_hidden[start:start + chunk_size] = dlogits @ weight
             if trained is not None:
+                assert correction is not None and grad_delta is not None
                 d_trained = dlogits[:, index]  # (n, K)
                 grad_hidden[start:start + chunk_size] += d_trained @ correction
                 grad_delta += (d_trained.T @ h).float()

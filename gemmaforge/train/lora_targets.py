@@ -25,7 +25,7 @@ def language_linears(model: Any) -> tuple[str, dict[str, nn.Module]]:
     """(module path of the decoder, {path: module} of its LoRA-able linear layers)."""
     decoder = model.get_decoder()
     prefix = next(name for name, module in model.named_modules() if module is decoder)
-    linears = {name: module for name, module in model.named_modules()
+    linears: dict[str, nn.Module] = {name: module for name, module in model.named_modules()
                if name.startswith(f"{prefix}.") and isinstance(module, nn.Linear) and not _NEVER.search(name)}
     return prefix, linears
 
@@ -74,15 +74,16 @@ def with_vision(model: Any, targets: list[str] | str, *, tower: bool, projector:
         if wanted and (architecture is None or getattr(architecture, part) is None):
             raise UserError(f"lora.{key}: false, but {name} has no {part.replace('_', ' ')}")
     assert architecture is not None
+    saved = [architecture.vision_projector] if projector and architecture.vision_projector else []  # checked above
     if not tower:
-        return targets, [architecture.vision_projector] if projector else []
+        return targets, saved
     prefix, _ = language_linears(model)
     language = targets if isinstance(targets, str) else \
         rf"{re.escape(prefix)}\.(?:.*\.)?(?:{'|'.join(re.escape(n) for n in targets)})"
     tower_linears = [name for name, module in model.named_modules()
                      if name.startswith(f"{architecture.vision_tower}.") and isinstance(module, nn.Linear)]
     pattern = f"(?:{language})|(?:{'|'.join(re.escape(name) for name in tower_linears)})"
-    return pattern, [architecture.vision_projector] if projector else []
+    return pattern, saved
 
 
 def resolve_lora_parameters(model: Any, requested: list[str], config_key: str = "lora.target_parameters") -> list[str]:

@@ -105,7 +105,8 @@ def install_supervised_forward(model: Any, chunk_size: int) -> None:
     def forward(self: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
                 position_ids: torch.Tensor | None = None, labels: torch.Tensor | None = None,
                 num_items_in_batch: Any = None, **extra: Any) -> CausalLMOutputWithPast:
-        inputs = {"input_ids": input_ids, "labels": labels, "supervised_positions": extra.get("supervised_positions")}
+        inputs: dict[str, Any] = {"input_ids": input_ids, "labels": labels,
+                                  "supervised_positions": extra.get("supervised_positions")}
         inputs.update({"position_ids": position_ids, "segments": extra.get("segments")} if position_ids is not None
                       else {"attention_mask": attention_mask, **{k: extra.get(k) for k in IMAGE_INPUTS}})
         return CausalLMOutputWithPast(loss=supervised_loss(self, inputs, num_items_in_batch, chunk_size))

@@ -13,7 +13,7 @@ then builds no mask at all, which a packed batch does not need.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 import torch
 from transformers import AttentionInterface
@@ -53,7 +53,12 @@ def attention_modules(model: torch.nn.Module) -> list[torch.nn.Module]:
             and "vision" not in type(m).__name__.lower() and "audio" not in type(m).__name__.lower()]
 
 
+def head_size(module: torch.nn.Module) -> int:
+    """An attention module's head size (an int attribute, which torch's Module typing cannot see)."""
+    return cast(int, module.head_dim)
+
+
 def use_kernels(model: torch.nn.Module, kernels: dict[int, str]) -> None:
     """Send each attention layer through the kernel chosen for its head size."""
     for module in attention_modules(model):
-        module.packed_kernel = kernels.get(module.head_dim, DEFAULT_KERNEL)
+        module.packed_kernel = kernels.get(head_size(module), DEFAULT_KERNEL)  # type: ignore[assignment]  # a str attribute

@@ -12,7 +12,7 @@ Same values and gradients (tested against PEFT's own forward), a fraction of the
 from __future__ import annotations
 
 import types
-from typing import Any
+from typing import Any, cast
 
 import torch
 from peft.tuners.trainable_tokens.layer import TrainableTokensLayer
@@ -32,7 +32,7 @@ def _sparse_forward(self: TrainableTokensLayer, x: torch.Tensor, active_adapters
     if self.disable_adapters or not active_adapters or self.merged:
         return TrainableTokensLayer.forward_adapters(self, x, active_adapters, *args, **kwargs)
     result = self.base_layer(x, *args, **kwargs)
-    weight = self.base_layer.weight
+    weight = cast(torch.Tensor, self.base_layer.weight)
     for name in active_adapters:
         index = token_index(self, name, weight.device)
         delta = self.trainable_tokens_delta[name].to(weight)  # (K, H) the trained rows
@@ -50,5 +50,5 @@ def use_sparse_template_tokens(model: torch.nn.Module) -> int:
     """Switch every PEFT trainable-tokens layer of `model` to the sparse forward; returns how many."""
     layers = [m for m in model.modules() if isinstance(m, TrainableTokensLayer)]
     for layer in layers:
-        layer.forward_adapters = types.MethodType(_sparse_forward, layer)
+        layer.forward_adapters = types.MethodType(_sparse_forward, layer)  # type: ignore[method-assign]  # per layer
     return len(layers)

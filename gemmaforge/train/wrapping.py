@@ -59,7 +59,7 @@ def wrap_for_training(model: Any, config: RunConfig, family: Family, targets: li
         LoraConfig(
             task_type="CAUSAL_LM",
             r=lora.r,
-            lora_alpha=lora.lora_alpha,
+            lora_alpha=lora.lora_alpha,  # type: ignore[arg-type]  # PEFT annotates int; any number scales
             lora_dropout=lora.lora_dropout,
             target_modules=targets,
             target_parameters=parameters,

@@ -125,8 +125,8 @@ class Dashboard:
         return pd.DataFrame(files_of(root) if root else [], columns=["file", "size"])
 
     def diff(self, a: str | None, b: str | None) -> pd.DataFrame:
-        roots = self.root(a), self.root(b)
-        rows = config_diff(*roots) if all(roots) else []
+        first, second = self.root(a), self.root(b)
+        rows = config_diff(first, second) if first and second else []
         return pd.DataFrame(rows, columns=["key", "first run", "second run"])
 
     # ------------------------------------------------------------------ curves

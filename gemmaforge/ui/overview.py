@@ -165,7 +165,8 @@ def summarize(root: Path, runs_dir: Path, metrics: MetricsTail | None = None) ->
         samples_per_second=records.get("train", {}).get("samples_per_second"),
         peak_memory_bytes=max(peaks) if peaks else None,
         best_eval_loss=min(eval_losses) if eval_losses else None,
-        pass_rate=tuple((results.get(side) or {}).get("suite_pass_rate") for side in ("base", "tuned")),
+        pass_rate=((results.get("base") or {}).get("suite_pass_rate"),
+                   (results.get("tuned") or {}).get("suite_pass_rate")),
     )
 
 

@@ -132,8 +132,8 @@ async def side_by_side(url: str, pair: Pair, histories: tuple[list[Message], lis
                        settings: Settings, every_s: float = 0.1) -> AsyncIterator[tuple[list[Message], ...]]:
     """Both answers as they stream: the two chat histories (base, tuned), each with the prompt and the answer so
     far, every every_s seconds and once more at the end."""
-    histories = tuple(plain(h) for h in histories)
-    shown = tuple([*h, {"role": "user", "content": prompt}, {"role": "assistant", "content": ""}] for h in histories)
+    sent = [plain(h) for h in histories]
+    shown = tuple([*h, {"role": "user", "content": prompt}, {"role": "assistant", "content": ""}] for h in sent)
 
     async def answer(client: httpx.AsyncClient, model: str, history: list[Message], into: list[Message]) -> None:
         async for piece in stream_chat(client, model, conversation(history, prompt, settings.system),
@@ -142,7 +142,7 @@ async def side_by_side(url: str, pair: Pair, histories: tuple[list[Message], lis
 
     async with httpx.AsyncClient(base_url=url) as client:
         tasks = [asyncio.create_task(answer(client, model, history, into))
-                 for model, history, into in zip((pair.base, pair.tuned), histories, shown)]
+                 for model, history, into in zip((pair.base, pair.tuned), sent, shown)]
         try:
             while not all(task.done() for task in tasks):
                 await asyncio.wait(tasks, timeout=every_s)
