@@ -2,9 +2,9 @@
 
 PEFT puts an `nn.Dropout` before every LoRA layer. On the CPU, torch draws that mask with bernoulli_
 into a tensor of the input's dtype and keeps it for backward: 4 bytes per element in fp32, for each of
-q, k, v and o in every layer (414 MiB for the benchmark's 4 packed rows of 512 on Gemma 3 270M, as much
-as all attention activations). Here the mask is drawn as `rand >= p` and kept as bool: the same
-distribution, a quarter of the memory, drawn in ~60% of the time.
+q, k, v and o in every layer, as much as all attention activations at Gemma's sizes. Here the mask is drawn as
+`rand >= p` and kept as bool: the same distribution in a quarter of the memory (measured in benchmarks/README.md,
+the byte_mask_dropout row).
 """
 
 from __future__ import annotations
