@@ -72,7 +72,7 @@ class CleanConfig(Section):
 Formatting = Literal["alpaca", "sharegpt", "openai"]
 FORMATTINGS: tuple[Formatting, ...] = get_args(Formatting)
 # The training methods recipe/ has (recipe/trainer.METHODS holds each one's parts)
-Method = Literal["sft"]
+Method = Literal["sft", "pt"]
 METHODS: tuple[Method, ...] = get_args(Method)
 
 
@@ -163,7 +163,8 @@ SCHEDULERS = Literal[
 
 class TrainConfig(Section):
     method: Method = Field("sft", description="the training method: sft, supervised fine-tuning on conversations "
-                           "(the loss on what the model writes)")
+                           "(the loss on what the model writes); pt, continued pretraining on raw text (the loss on "
+                           "every token, each text cut into rows of cutoff_len)")
     num_train_epochs: float = Field(1.0, gt=0)
     max_steps: int = Field(-1, description="-1: run num_train_epochs")
     per_device_train_batch_size: int = Field(4, ge=1)

@@ -38,7 +38,7 @@ def stage_data(run: RunDir, config: RunConfig, base: ResolvedModel) -> None:
             tokenizer = load_tokenizer(base.path)
             stats = prepare_data(
                 config.data, config.train.seed, run.data_dir, tokenizer, base.family, config.train.cutoff_len,
-                ImagePrompt.of(base.path, base.spec, tokenizer),
+                ImagePrompt.of(base.path, base.spec, tokenizer), method=config.train.method,
             )
             record.update({k: stats[k] for k in ("format", "records", "kept", "train", "val", "dropped", "changed")})
             record.update(train_sha256=stats["train_sha256"], val_sha256=stats["val_sha256"])

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from gemmaforge.cli.common import Parser, Verbs
-from gemmaforge.config import FORMATTINGS, DataConfig, TrainConfig, apply_override, validate_config
+from gemmaforge.config import FORMATTINGS, METHODS, DataConfig, TrainConfig, apply_override, validate_config
 from gemmaforge.console import console
 from gemmaforge.errors import UserError
 from gemmaforge.families import FAMILIES
@@ -58,6 +58,9 @@ def add(verbs: Verbs) -> None:
     p.add_argument("--eval", dest="eval_path", help="explicit validation file (instead of a split)")
     p.add_argument("--val-size", type=float, help="ratio in [0, 1) or a count >= 1 (default 0.1)")
     p.add_argument("--seed", type=int, default=TrainConfig.model_fields["seed"].default)
+    p.add_argument("--method", choices=METHODS, default="sft",
+                   help="the training method the data is for: sft (conversations, the default) or pt (raw text "
+                        "for continued pretraining: a text column, .txt lines, or each record's first prompt)")
     p.add_argument("-o", "--output", type=Path, help="output folder (default: prepared/<input name>)")
     p.add_argument("overrides", nargs="*", metavar="key=value",
                    help="data config keys, e.g. clean.dedup=near clean.overlong=truncate mask_history=true")
@@ -89,7 +92,7 @@ def prepare(args: argparse.Namespace, home: Path) -> int:
     output = args.output or Path("prepared") / (data.dataset[0] if data.dataset else args.input.stem)
     model, tokenizer = _tokenizer(args, home)
     stats = prepare_data(data, args.seed, output, tokenizer, model.family, args.cutoff_len,
-                         ImagePrompt.of(model.path, model.spec, tokenizer))
+                         ImagePrompt.of(model.path, model.spec, tokenizer), method=args.method)
     console.print(f"[green]data[/]: {summary_line(stats)} -> {output}")
     return 0
 

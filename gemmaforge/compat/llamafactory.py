@@ -32,6 +32,8 @@ SECTIONS = ("model", "data", "lora", "train", "eval", "export")
 # its model groups in extras/constants.py pair gemma with Gemma 1, gemma2 with Gemma 2 and the text-only Gemma 3
 # 270M/1B, gemma3 with Gemma 3 4B+, gemma4 with 26B-A4B/31B, gemma4n with E2B/E4B/12B). gemma, gemma2 and gemma3
 # write the same <start_of_turn> turns (they differ in stop words and image plugin), gemma4 and gemma4n <|turn>.
+# LLaMA-Factory's stages that are gemmaforge methods (train.method, the same names; config.METHODS: checked equal)
+STAGES = ("sft", "pt")
 _TURNS = ("gemma", "gemma2", "gemma3")
 TEMPLATES = {"gemma": _TURNS, "gemma2": _TURNS, "gemma3": _TURNS, "gemma4": ("gemma4",), "gemma4n": ("gemma4",)}
 NOT_YET = {"gemma3n": "Gemma 3n checkpoints are not supported yet"}
@@ -104,11 +106,12 @@ def _target(value: Any, key: str, t: Translation) -> Any:
 
 
 def _stage(value: Any, key: str, t: Translation) -> str:
-    if value != "sft":
-        what = {"pt": "pre-training on raw text", "rm": "reward modelling", "ppo": "PPO", "dpo": "DPO preference "
-                "training", "kto": "KTO preference training"}.get(value, repr(value))
-        raise UserError(f"{key}: {value}: gemmaforge trains supervised fine-tuning (stage: sft) only, not {what}")
-    return "sft"
+    if value not in STAGES:
+        what = {"rm": "reward modelling", "ppo": "PPO", "dpo": "DPO preference training",
+                "kto": "KTO preference training"}.get(value, repr(value))
+        raise UserError(f"{key}: {value}: gemmaforge trains supervised fine-tuning (stage: sft) and continued "
+                        f"pretraining (stage: pt), not {what} yet")
+    return str(value)
 
 
 def _finetuning_type(value: Any, key: str, t: Translation) -> str:

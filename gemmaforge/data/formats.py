@@ -25,6 +25,7 @@ from gemmaforge.chat.conversation import Message, check_roles
 from gemmaforge.chat.gemma4 import split_marked_thought
 from gemmaforge.chat.tools import Tool, ToolCall, normalize_call, normalize_tool
 from gemmaforge.config import Formatting
+from gemmaforge.data.sources import TEXT_COLUMN
 from gemmaforge.errors import UserError
 
 IMAGE_PLACEHOLDER = "<image>"  # LLaMA-Factory's: where one of a record's images goes in its text
@@ -57,6 +58,11 @@ class Schema:
         if self.formatting == "alpaca":
             return f"alpaca ({self.prompt}/{self.query}/{self.response})"
         return f"{self.formatting} ({self.messages}: {self.role_tag}/{self.content_tag})"
+
+
+# A raw-text record (a `text` column, a .txt file's line): an alpaca prompt column, as LLaMA-Factory's c4_demo and
+# wiki_demo entries map it (`columns: {prompt: text}`)
+TEXT_SCHEMA = Schema("alpaca", prompt=TEXT_COLUMN, query=None, history=None)
 
 
 def default_schema(formatting: Formatting) -> Schema:
@@ -98,6 +104,8 @@ def detect_schema(record: Any, where: str) -> Schema:
     if isinstance(record, dict):
         if "instruction" in record and "output" in record:
             return default_schema("alpaca")
+        if isinstance(record.get(TEXT_COLUMN), str) and not {"instruction", "conversations", "messages"} & set(record):
+            return TEXT_SCHEMA
         for column in ("conversations", "messages"):
             turns = record.get(column)
             if isinstance(turns, list) and turns and isinstance(turns[0], dict):
@@ -108,7 +116,7 @@ def detect_schema(record: Any, where: str) -> Schema:
     keys = ", ".join(sorted(map(str, record))) if isinstance(record, dict) else type(record).__name__
     raise UserError(
         f"{where}: cannot detect the dataset format (keys: {keys}); expected alpaca instruction/input/output, "
-        "sharegpt conversations of from/value, or openai messages of role/content "
+        "sharegpt conversations of from/value, openai messages of role/content, or a text column (raw text) "
         "(or name your columns with data.columns, as in LLaMA-Factory's dataset_info.json)"
     )
 
@@ -118,6 +126,9 @@ def to_messages(record: Any, schema: Schema, where: str, default_system: str | N
     with tool results after the calls, ending with an answer."""
     if not isinstance(record, dict):
         raise UserError(f"{where}: expected a JSON object, got {type(record).__name__}")
+    if schema == TEXT_SCHEMA:
+        raise UserError(f"{where}: a record of raw text (a `{TEXT_COLUMN}` column or a .txt line) has no answer to "
+                        "fine-tune on; train it with train.method: pt (continued pretraining)")
     if schema.formatting == "alpaca":
         messages = _alpaca(record, schema, where)
     else:
@@ -133,6 +144,24 @@ def to_messages(record: Any, schema: Schema, where: str, default_system: str | N
         messages[0] = {**messages[0], "tools": tools}
     check_roles(messages, where, require_answer=True)
     return messages
+
+
+def document_text(record: Any, schema: Schema, where: str) -> str:
+    """A record as continued pretraining reads it, as LLaMA-Factory's pretraining stage does: the text of its first
+    prompt (alpaca: the prompt column, its query after a newline; a `text` column is an alpaca prompt; sharegpt
+    and openai: the first turn that is not the system's)."""
+    if not isinstance(record, dict):
+        raise UserError(f"{where}: expected a JSON object, got {type(record).__name__}")
+    if schema.formatting == "alpaca":
+        prompt = _required_text(record, schema.prompt, where, "continued pretraining reads this column's text")
+        return "\n".join(part for part in (prompt, _optional_text(record, schema.query, where)) if part)
+    turns = record.get(schema.messages)
+    if not isinstance(turns, list):
+        raise UserError(f"{where}: field '{schema.messages}' is missing or not a list")
+    for i, turn in enumerate(turns):
+        if isinstance(turn, dict) and turn.get(schema.role_tag) != schema.system_tag:
+            return _text(turn.get(schema.content_tag), f"{where}: {schema.messages}[{i}].{schema.content_tag}")
+    raise UserError(f"{where}: field '{schema.messages}' holds no turn with text")
 
 
 def _tools(record: dict[str, Any], schema: Schema, where: str) -> list[Tool]:

@@ -26,13 +26,14 @@ from typing import IO, Any
 from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn
 
 from gemmaforge.chat.conversation import Message, Rendered, has_content
-from gemmaforge.config import DataConfig
+from gemmaforge.config import DataConfig, Method
 from gemmaforge.console import console
 from gemmaforge.data.clean import clean_messages
 from gemmaforge.data.dedup import Deduplicator
 from gemmaforge.data.formats import (
     default_schema,
     detect_schema,
+    document_text,
     schema_with,
     to_messages,
 )
@@ -257,6 +258,41 @@ class Preparer:
         return None
 
 
+class TextPreparer(Preparer):
+    """Continued pretraining's data: each record's text (formats.document_text), cleaned and deduplicated as
+    conversations are, written as {"text": ...}. No text is too long: training cuts it into rows of cutoff_len."""
+
+    def _convert(self, record: Any, schema: Any, where: str, tally: Tally, media: Path) -> Example | None:
+        text = document_text(record, schema, where)
+        if not text.strip():
+            if not self.config.clean.drop_empty:
+                raise UserError(f"{where}: empty text; fix the record, or set data.clean.drop_empty=true to drop "
+                                "such records (they are counted in stats.json)")
+            tally.dropped["empty"] += 1
+            return None
+        (message,), changes = clean_messages([{"role": "user", "content": text}], self.config.clean)
+        tally.changed.update(changes)
+        if not has_content(message):
+            tally.dropped["empty_after_cleaning"] += 1
+            return None
+        verdict = self.dedup.check(message["content"].strip())
+        if verdict:
+            tally.dropped[verdict] += 1
+            return None
+        return Example([message])
+
+    def _write_batch(self, batch: list[Example], tally: Tally, out: IO[str]) -> None:
+        texts = [example.messages[0]["content"] for example in batch]
+        for text, offsets in zip(texts, token_offsets(self.tokenizer, texts) if texts else []):
+            if len(offsets) < self.config.clean.min_answer_tokens:
+                tally.dropped["too_short"] += 1
+                continue
+            self.lengths.append(len(offsets) + 2)  # with <bos> and <eos>
+            self.supervised.append(len(offsets) + 1)  # every token after <bos> is predicted
+            out.write(json.dumps({"text": text}, ensure_ascii=False) + "\n")
+            tally.kept += 1
+
+
 def _dedup_text(message: Message) -> str:
     """A message as deduplication compares it: its text, and what else it says (calls, tools, thinking)."""
     extra = {k: message[k] for k in ("tool_calls", "tools", "thinking") if message.get(k)}
@@ -282,10 +318,11 @@ def count_in_spans(offsets: list[tuple[int, int]], spans: list[tuple[int, int]])
 
 def prepare_data(
     config: DataConfig, seed: int, out_dir: Path, tokenizer: Any, family: Family, cutoff_len: int,
-    vision: tuple[ImagePrompt | None, str] = (None, "no image processor was given"),
+    vision: tuple[ImagePrompt | None, str] = (None, "no image processor was given"), method: Method = "sft",
 ) -> dict[str, Any]:
     """Write train.jsonl, val.jsonl and stats.json into out_dir; return the stats. `vision`: ImagePrompt.of the
-    model, for records with images."""
+    model, for records with images. `method`: pt prepares raw text ({"text": ...} lines), the others conversations
+    ({"messages": [...]} lines)."""
     began = time.perf_counter()
     train_specs, eval_specs = resolve_sources(config)
     files = [p for spec in train_specs + eval_specs for p in data_files(spec.path)]
@@ -294,7 +331,8 @@ def prepare_data(
     temps = {name: out_dir / f".{name}.{os.getpid()}.tmp" for name in ("all", "train", "val")}
     try:
         with _progress_bar(sum(p.stat().st_size for p in files)) as advance:
-            preparer = Preparer(config, tokenizer, family, cutoff_len, advance, Vision(*vision, out_dir / IMAGES_DIR))
+            kind = TextPreparer if method == "pt" else Preparer
+            preparer = kind(config, tokenizer, family, cutoff_len, advance, Vision(*vision, out_dir / IMAGES_DIR))
             with temps["all"].open("w", encoding="utf-8") as out:
                 tallies = [preparer.run(spec, out, seed) for spec in train_specs]
             with temps["val"].open("w", encoding="utf-8") as out:
@@ -309,6 +347,7 @@ def prepare_data(
             n_val = _split(temps["all"], temps["train"], temps["val"], config.validation_size, seed, n_kept)
         hashes = {name: file_sha256(temps[name]) for name in ("train", "val")}
         stats = _stats(config, family, cutoff_len, tallies, files, preparer, hashes, n_kept, n_val, began)
+        stats["method"] = method
         (out_dir / "stats.json").unlink(missing_ok=True)
         for name in ("train", "val"):
             os.replace(temps[name], out_dir / f"{name}.jsonl")
@@ -433,10 +472,22 @@ class _progress_bar:
 
 
 def read_prepared(path: Path) -> list[list[Message]]:
-    return [json.loads(line)["messages"] for line in path.read_text(encoding="utf-8").splitlines() if line]
+    rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line]
+    if rows and "messages" not in rows[0]:
+        raise UserError(f"{path} holds raw text (prepared for train.method: pt), not conversations: prepare the "
+                        "data again for this method")
+    return [row["messages"] for row in rows]
 
 
 def read_prepared_images(path: Path) -> list[list[Path]]:
     """Each prepared conversation's images (absolute paths, in the order of their placeholders)."""
     return [[Path(p) for p in json.loads(line).get("images", ())]
             for line in path.read_text(encoding="utf-8").splitlines() if line]
+
+
+def read_prepared_texts(path: Path) -> list[str]:
+    """The texts of a split prepared for continued pretraining (train.method: pt)."""
+    rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line]
+    if rows and "text" not in rows[0]:
+        raise UserError(f"{path} holds conversations, not raw text: prepare the data again for train.method: pt")
+    return [row["text"] for row in rows]

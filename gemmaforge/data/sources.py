@@ -17,7 +17,9 @@ from typing import Any
 from gemmaforge.errors import UserError
 
 JSON_SUFFIXES = (".json", ".jsonl", ".ndjson")
-SUFFIXES = (*JSON_SUFFIXES, ".csv", ".parquet")
+TEXT_SUFFIX = ".txt"  # raw text for continued pretraining: a record per non-empty line, as datasets' text builder
+SUFFIXES = (*JSON_SUFFIXES, ".csv", ".parquet", TEXT_SUFFIX)
+TEXT_COLUMN = "text"  # the column a .txt file's lines are read into (Hugging Face's and LLaMA-Factory's name)
 Progress = Callable[[int], None]  # called with bytes consumed since the last call
 
 
@@ -37,7 +39,9 @@ def data_files(path: Path) -> list[Path]:
 
 def iter_records(path: Path, progress: Progress | None = None) -> Iterator[tuple[str, Any]]:
     suffix = path.suffix.lower()
-    if suffix == ".csv":
+    if suffix == TEXT_SUFFIX:
+        yield from _text_lines(path, progress)
+    elif suffix == ".csv":
         yield from _csv_records(path, progress)
     elif suffix == ".parquet":
         yield from _parquet_records(path, progress)
@@ -94,6 +98,21 @@ def _jsonl_records(path: Path, progress: Progress | None) -> Iterator[tuple[str,
             yield where, record
     if not seen_any:
         raise UserError(f"{path}: file is empty; expected a JSON array or JSON Lines of records")
+
+
+def _text_lines(path: Path, progress: Progress | None) -> Iterator[tuple[str, Any]]:
+    seen_any = False
+    with path.open("rb") as f:
+        for lineno, raw in enumerate(f, start=1):
+            if progress:
+                progress(len(raw))
+            where = f"{path} line {lineno}"
+            text = _decode(raw.removeprefix(b"\xef\xbb\xbf") if lineno == 1 else raw, where).rstrip("\r\n")
+            if text.strip():
+                seen_any = True
+                yield where, {TEXT_COLUMN: text}
+    if not seen_any:
+        raise UserError(f"{path}: file is empty; expected a line of text per document")
 
 
 def _json_array_records(path: Path, progress: Progress | None) -> Iterator[tuple[str, Any]]:

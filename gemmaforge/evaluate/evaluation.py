@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from gemmaforge.config import EvalConfig, RunConfig
 from gemmaforge.console import console
-from gemmaforge.data.prepare import read_prepared, read_prepared_images
+from gemmaforge.data.prepare import read_prepared, read_prepared_images, read_prepared_texts
 from gemmaforge.errors import UserError
 from gemmaforge.evaluate.generate import EngineGenerator, Generation, Sampling, prompt_ids
 from gemmaforge.evaluate.metrics import reference_scores
@@ -33,6 +33,7 @@ from gemmaforge.gguf_names import gguf_parts
 from gemmaforge.inference.llamacpp_images import projector_beside
 from gemmaforge.intake import picture_sizes
 from gemmaforge.models import ResolvedModel, load_causal_lm, load_tokenizer
+from gemmaforge.recipe.pt import encode_texts
 from gemmaforge.runs import RunDir
 from gemmaforge.vision import ImagePrompt
 
@@ -59,9 +60,11 @@ def evaluate(run: RunDir, config: RunConfig, base: ResolvedModel) -> dict[str, A
     ec = config.eval
     adapter = run.require(run.adapter_dir / "adapter_config.json", "train").parent
     val_path = run.require(run.data_dir / "val.jsonl", "data")
-    val, val_images = read_prepared(val_path), read_prepared_images(val_path)
+    pretraining = config.train.method == "pt"  # raw text: no conversations to draw a default suite from
+    val, val_images = ([], []) if pretraining else (read_prepared(val_path), read_prepared_images(val_path))
     system = config.deployed_system
-    cases, source = suite_cases(ec, val, system, val_images)
+    cases, source = ([], "none (a continued-pretraining run is asked the cases of eval.suite)") \
+        if pretraining and not ec.suite else suite_cases(ec, val, system, val_images)
     if ec.fail_under is not None and not any(case.checks for case in cases):
         raise UserError(f"eval.fail_under={ec.fail_under} needs a suite with checks; {source} has none")
     gguf = deployed_gguf(run, config) if ec.engine == "llamacpp" else None
@@ -71,7 +74,7 @@ def evaluate(run: RunDir, config: RunConfig, base: ResolvedModel) -> dict[str, A
     probe_chats = [probe_conversation(p, system) for p in probes]
     chats = [*(c.messages for c in cases), *probe_chats]
     vision, no_vision = ImagePrompt.of(base.path, base.spec, tokenizer)
-    num_ctx = max(len(prompt_ids(tokenizer, family, chat)) for chat in chats) + ec.max_new_tokens + 1
+    num_ctx = max((len(prompt_ids(tokenizer, family, chat)) for chat in chats), default=0) + ec.max_new_tokens + 1
     if vision is not None:
         num_ctx += max((vision.prompt_tokens(picture_sizes(c.images), tokenizer) for c in cases), default=0)
     sampling = Sampling(ec.max_new_tokens, ec.do_sample, ec.temperature, ec.top_p, ec.seed)
@@ -81,8 +84,9 @@ def evaluate(run: RunDir, config: RunConfig, base: ResolvedModel) -> dict[str, A
                                 vision=vision, no_vision=no_vision)
     try:
         engine.load_adapter("tuned", adapter)
-        sides, answers = _base_and_tuned(engine, cases, probe_chats, sampling, config, (val, val_images),
-                                         tokenizer)
+        val_examples = encode_texts(read_prepared_texts(val_path), tokenizer, config.train.cutoff_len) \
+            if pretraining else _encode((val, val_images), tokenizer, family, config, vision)
+        sides, answers = _base_and_tuned(engine, cases, probe_chats, sampling, config, val_examples, tokenizer)
     finally:
         engine.close()
     agreement = None
@@ -119,11 +123,11 @@ def evaluate(run: RunDir, config: RunConfig, base: ResolvedModel) -> dict[str, A
 
 
 def _base_and_tuned(engine: TransformersEngine, cases: list[Case], probe_chats: list[list[dict[str, str]]],
-                    sampling: Sampling, config: RunConfig, val: tuple[list[list[dict[str, str]]], list[list[Path]]],
+                    sampling: Sampling, config: RunConfig, val_examples: list[dict],
                     tokenizer: Any) -> tuple[dict[str, dict[str, Any]], dict[str, Answers]]:
-    """Loss, perplexities and answers of the base model (the adapter disabled) and the tuned one."""
+    """Loss on the encoded val split, perplexities and answers of the base model (the adapter disabled) and the
+    tuned one."""
     ec = config.eval
-    val_examples = _encode(val, tokenizer, engine.family, config, engine.vision)
     general = general_text_examples(tokenizer, config.train.cutoff_len) if ec.retention else []
     sides: dict[str, dict[str, Any]] = {}
     answers: dict[str, Answers] = {}
@@ -200,16 +204,17 @@ def answer_summary(cases: list[Case], answers: Answers, probes: list[Probe]) -> 
     refs = reference_scores([a for a, _ in scored], [r for _, r in scored]) if scored else None
     correct = [p.correct(g.text) for p, g in zip(probes, answers.probes)]
     n = len(gens)
+    asked = len(gens) + len(answers.probes)
     return {
         "suite_pass_rate": _mean(checked),
         "check_pass_rates": {name: _mean(results) for name, results in by_name.items()},
         "bleu": refs.bleu if refs else None,
         "rouge_l": refs.rouge_l if refs else None,
         "retention_accuracy": _mean(correct),
-        "answer_chars_mean": round(sum(len(g.text) for g in gens) / n, 1),
-        "answer_tokens_mean": round(sum(g.tokens for g in gens) / n, 1),
+        "answer_chars_mean": round(sum(len(g.text) for g in gens) / n, 1) if n else None,
+        "answer_tokens_mean": round(sum(g.tokens for g in gens) / n, 1) if n else None,
         "stopped_rate": _mean([g.stopped for g in gens]),  # ended on the stop token, not the token limit
-        "prompts_per_second": round((len(gens) + len(answers.probes)) / answers.seconds, 3),
+        "prompts_per_second": round(asked / answers.seconds, 3) if asked else None,
     }
 
 
@@ -238,7 +243,7 @@ def regressions(base: dict[str, Any], tuned: dict[str, Any], ec: EvalConfig) -> 
             f"general-text perplexity rose from {b:.2f} to {t:.2f} (+{t / b - 1:.0%}; tolerance "
             f"eval.perplexity_tolerance={ec.perplexity_tolerance})"
         )
-    if tuned["stopped_rate"] < base["stopped_rate"] - 0.25:
+    if base["stopped_rate"] is not None and tuned["stopped_rate"] < base["stopped_rate"] - 0.25:
         found.append(
             f"tuned answers end on the stop token less often ({tuned['stopped_rate']:.0%} against "
             f"{base['stopped_rate']:.0%}): the rest ran into eval.max_new_tokens"

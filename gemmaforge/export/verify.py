@@ -15,7 +15,6 @@ from typing import Any
 import numpy as np
 
 from gemmaforge.chat.conversation import Message
-from gemmaforge.data.prepare import read_prepared
 from gemmaforge.errors import StageError
 from gemmaforge.families import Family
 from gemmaforge.runs import RunDir, atomic_write_text
@@ -33,11 +32,7 @@ def verify_run(run: RunDir, family: Family, n_prompts: int = 8) -> dict[str, Any
     if not files:
         run.require(run.gguf_dir / "model-<quant>.gguf", "export gguf")
     tokenizer = AutoTokenizer.from_pretrained(merged)
-    conversations = read_prepared(run.require(run.data_dir / "val.jsonl", "data"))[:n_prompts]
-    if not conversations:
-        conversations = read_prepared(run.data_dir / "train.jsonl")[:n_prompts]
-    sequences = [tokenizer(family.chat.render(text_only(c, family)).text,
-                           add_special_tokens=False).input_ids[:MAX_TOKENS] for c in conversations]
+    sequences = prepared_sequences(run, tokenizer, family, n_prompts)
     model = AutoModelForCausalLM.from_pretrained(merged, dtype=torch.float32)
     with torch.no_grad():
         reference = [model(torch.tensor([ids])).logits[0].numpy() for ids in sequences]  # (T, V) each
@@ -55,6 +50,19 @@ def verify_run(run: RunDir, family: Family, n_prompts: int = 8) -> dict[str, Any
             f"{F16_MIN_TOP1:.0%}: the f16 export does not compute what the merged model computes"
         )
     return report
+
+
+def prepared_sequences(run: RunDir, tokenizer: Any, family: Family, n: int) -> list[list[int]]:
+    """Up to n token sequences from the prepared data (val, else train): conversations in the training chat format,
+    or raw text (<bos> text) for a continued-pretraining run."""
+    val = run.require(run.data_dir / "val.jsonl", "data")
+    for path in (val, run.data_dir / "train.jsonl"):
+        rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()[:n] if line]
+        if rows:
+            texts = [tokenizer.bos_token + row["text"] if "text" in row
+                     else family.chat.render(text_only(row["messages"], family)).text for row in rows]
+            return [tokenizer(text, add_special_tokens=False).input_ids[:MAX_TOKENS] for text in texts]
+    return []
 
 
 def text_only(messages: list[Message], family: Family) -> list[Message]:

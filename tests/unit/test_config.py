@@ -52,10 +52,11 @@ def test_wrong_type_names_key_and_value(tmp_path: Path) -> None:
 
 
 def test_the_training_method_is_one_the_recipe_has(tmp_path: Path) -> None:
+    from gemmaforge.compat.llamafactory import STAGES
     from gemmaforge.config import METHODS
     from gemmaforge.recipe.trainer import METHODS as RECIPES
 
-    assert set(METHODS) == set(RECIPES) and all(RECIPES[name].name == name for name in RECIPES)
+    assert set(METHODS) == set(RECIPES) == set(STAGES) and all(RECIPES[name].name == name for name in RECIPES)
     assert load_config(write(tmp_path, "output_dir: r\ndata: {path: d.json}\n")).train.method == "sft"
     path = write(tmp_path, "output_dir: r\ndata: {path: d.json}\ntrain: {method: dpo}\n")
     with pytest.raises(UserError, match=r"train\.method: .*'sft'.*'dpo'|train\.method: .*'dpo'.*'sft'"):

@@ -101,17 +101,18 @@ def test_plan_reads_it_too(llamafactory_data: Path, tiny_gemma3_dir: Path, tmp_p
 
 
 def test_every_key_of_the_examples_is_in_one_table(llamafactory_data: Path) -> None:
-    """No key of LLaMA-Factory's own SFT examples (every one its sdist ships, LoRA and QLoRA) falls through: each is
-    translated, ignored or refused."""
+    """No key of LLaMA-Factory's own SFT and pretraining examples (every one its sdist ships, LoRA and QLoRA) falls
+    through: each is translated, ignored or refused."""
     tables = TRANSLATED.keys() | IGNORED.keys() | REFUSED.keys()
     examples = llamafactory_data.parent / "examples"
     checked = []
     for path in sorted([*examples.glob("train_lora/*.yaml"), *examples.glob("train_qlora/*.yaml")]):
         raw = yaml.safe_load(path.read_text())
-        if raw.get("stage") == "sft":
+        if raw.get("stage") in ("sft", "pt"):
             assert set(raw) - tables == set(), path.name
             checked.append(path.name)
-    assert {"qwen3_lora_sft.yaml", "qwen3_lora_sft_ds3.yaml", "qwen3vl_lora_sft.yaml"} <= set(checked), checked
+    assert {"qwen3_lora_sft.yaml", "qwen3_lora_sft_ds3.yaml", "qwen3vl_lora_sft.yaml",
+            "qwen3_lora_pretrain.yaml"} <= set(checked), checked
 
 
 def test_the_llamafactory_page_explains_every_translated_key() -> None:
@@ -197,7 +198,8 @@ def test_the_sft_example_trains_and_its_merge_example_merges(llamafactory_data: 
 
 
 @pytest.mark.parametrize(("change", "expected"), [
-    ({"stage": "dpo"}, "stage: dpo: gemmaforge trains supervised fine-tuning (stage: sft) only"),
+    ({"stage": "dpo"}, "stage: dpo: gemmaforge trains supervised fine-tuning (stage: sft) and continued pretraining "
+                       "(stage: pt), not DPO preference training yet"),
     ({"finetuning_type": "full"}, "finetuning_type: full: gemmaforge trains LoRA adapters only"),
     ({"template": "qwen3_nothink"}, "template: qwen3_nothink is not a Gemma template"),
     ({"template": "gemma4"}, "template: gemma4 does not fit"),
@@ -229,13 +231,34 @@ def test_what_cannot_be_translated_exits_2_naming_the_key(change: dict, expected
     assert not (tmp_path / "saves").exists()  # nothing written
 
 
-def test_the_other_stages_examples_are_refused_by_their_stage(llamafactory_data: Path, tiny_gemma3_dir: Path,
-                                                              tmp_path: Path, capsys) -> None:
+def test_the_preference_and_reward_examples_are_refused_by_their_stage(llamafactory_data: Path,
+                                                                       tiny_gemma3_dir: Path, tmp_path: Path,
+                                                                       capsys) -> None:
     for name, stage in (("qwen3_lora_dpo.yaml", "dpo"), ("qwen3_lora_kto.yaml", "kto"),
-                        ("qwen3_lora_pretrain.yaml", "pt"), ("qwen3_lora_reward.yaml", "rm")):
+                        ("qwen3_lora_reward.yaml", "rm")):
         path = example(llamafactory_data, f"train_lora/{name}", tmp_path, tiny_gemma3_dir)
         assert main(["config", "convert", str(path)]) == 2
         assert f"stage: {stage}: gemmaforge trains supervised fine-tuning" in capsys.readouterr().err
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+def test_the_pretraining_example_trains_on_c4_demo(llamafactory_data: Path, tiny_gemma3_dir: Path, tmp_path: Path,
+                                                   capsys) -> None:
+    """LLaMA-Factory's pretraining example (stage: pt on c4_demo) runs as it is, a few steps, through eval (the
+    held-out text's perplexity) and merge."""
+    path = example(llamafactory_data, "train_lora/qwen3_lora_pretrain.yaml", tmp_path, tiny_gemma3_dir,
+                   max_samples=24, cutoff_len=128, val_size=4)
+    assert main(["config", "convert", str(path)]) == 0
+    assert yaml.safe_load(capsys.readouterr().out)["train"]["method"] == "pt"
+    assert main(["run", str(path), "train.max_steps=2", "train.precision=fp32", "eval.retention=false",
+                 "export.gguf=[f16]"]) == 0
+    run = tmp_path / "saves"
+    stats = json.loads((run / "data" / "stats.json").read_text())
+    assert stats["method"] == "pt" and stats["records"] == 24 and stats["train"] + stats["val"] == stats["kept"]
+    results = json.loads((run / "eval" / "results.json").read_text())
+    assert results["base"]["perplexity"] > 0 and results["tuned"]["perplexity"] > 0
+    assert (run / "merged" / "config.json").is_file()
 
 
 def test_what_llamafactory_reads_differently_from_pyyaml_or_gemmaforge(llamafactory_data: Path, tiny_gemma3_dir: Path,
