@@ -56,6 +56,11 @@ class _Batch:
     positions: torch.Tensor | None = None  # (B,): the position of each row's next token
     last: torch.Tensor | None = None  # (B,): each row's latest token, the next step's input
 
+    def tensors(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """mask, positions and last: set while the batch has rows (_select clears them with its last row)."""
+        assert self.mask is not None and self.positions is not None and self.last is not None, "an empty batch"
+        return self.mask, self.positions, self.last
+
 
 class TransformersEngine:
     kind = "transformers"
@@ -315,14 +320,15 @@ class TransformersEngine:
                                 started_ns=now), new_generator(job.params.seed), list(job.prompt_ids),
                          self.grammars.matcher(job.params.grammar) if job.params.grammar else None)
                 for job in jobs]
-        new = _Batch(rows, cache, mask, positions[:, -1] + 1, torch.zeros(len(jobs), dtype=torch.long, **on))
+        last = torch.zeros(len(jobs), dtype=torch.long, **on)
+        new = _Batch(rows, cache, mask, positions[:, -1] + 1, last)
         with self._wake:  # the first tokens are sent as the jobs join their batch: running() never misses one
             self._admitted -= {id(job) for job in jobs}
             keep = []
             for i, row in enumerate(rows):
                 token = self._choose(row, logits[i])
                 if not self._accept(row, token):
-                    new.last[i] = token
+                    last[i] = token
                     keep.append(i)
             if len(keep) < len(rows):
                 _select(new, keep)
@@ -331,25 +337,28 @@ class TransformersEngine:
 
     def _image_inputs(self, job: Job, ids: torch.Tensor) -> dict[str, Any]:
         """A job's image inputs for the prefill forward: pixels in the model's dtype, image tokens marked."""
+        images, vision = job.images, self.vision
+        assert images is not None and vision is not None  # only encode_images gives a job images, and it needs vision
         dtype = next(self.model.parameters()).dtype
         inputs = {key: value.to(self.device, dtype=dtype) if value.is_floating_point() else value.to(self.device)
-                  for key, value in job.images.items()}
-        return {**inputs, **self.vision.token_types(ids)}
+                  for key, value in images.items()}
+        return {**inputs, **vision.token_types(ids)}
 
     def _step(self, adapter: str | None) -> None:
         batch = self._batches[adapter]
         self.widest_batch = max(self.widest_batch, len(batch.rows))
-        width = batch.mask.shape[1]
-        batch.mask = torch.cat([batch.mask, batch.mask.new_ones((len(batch.rows), 1))], dim=1)
-        logits = self._forward(adapter, batch.cache, input_ids=batch.last[:, None],
-                               attention_mask=batch.mask, position_ids=batch.positions[:, None],
+        mask, positions, last = batch.tensors()
+        width = mask.shape[1]
+        batch.mask = mask = torch.cat([mask, mask.new_ones((len(batch.rows), 1))], dim=1)
+        logits = self._forward(adapter, batch.cache, input_ids=last[:, None],
+                               attention_mask=mask, position_ids=positions[:, None],
                                cache_position=torch.tensor([width], device=self.device))
-        batch.positions = batch.positions + 1
+        batch.positions = positions + 1
         keep = []
         for i, row in enumerate(batch.rows):
             token = self._choose(row, logits[i])
             if not self._accept(row, token):
-                batch.last[i] = token
+                last[i] = token
                 keep.append(i)
         if len(keep) < len(batch.rows):
             _select(batch, keep)
@@ -390,7 +399,7 @@ def _join(batch: _Batch | None, new: _Batch) -> _Batch:
     row's latest token sits in the last column."""
     if batch is None or not batch.rows:
         return new
-    width, new_width = batch.mask.shape[1], new.mask.shape[1]
+    width, new_width = batch.tensors()[0].shape[1], new.tensors()[0].shape[1]
     if new_width < width:
         _pad_left(new, width - new_width)
     elif width < new_width:
@@ -398,10 +407,11 @@ def _join(batch: _Batch | None, new: _Batch) -> _Batch:
     for layer, extra in zip(batch.cache.layers, new.cache.layers):
         layer.keys = torch.cat([layer.keys, extra.keys])
         layer.values = torch.cat([layer.values, extra.values])
+    (mask, positions, last), (new_mask, new_positions, new_last) = batch.tensors(), new.tensors()  # padded ones
     batch.rows += new.rows
-    batch.mask = torch.cat([batch.mask, new.mask])
-    batch.positions = torch.cat([batch.positions, new.positions])
-    batch.last = torch.cat([batch.last, new.last])
+    batch.mask = torch.cat([mask, new_mask])
+    batch.positions = torch.cat([positions, new_positions])
+    batch.last = torch.cat([last, new_last])
     return batch
 
 
@@ -410,7 +420,8 @@ def _pad_left(batch: _Batch, n: int) -> None:
         shape = (*layer.keys.shape[:2], n, layer.keys.shape[3])
         layer.keys = torch.cat([layer.keys.new_zeros(shape), layer.keys], dim=2)
         layer.values = torch.cat([layer.values.new_zeros(shape), layer.values], dim=2)
-    batch.mask = torch.cat([batch.mask.new_zeros((batch.mask.shape[0], n)), batch.mask], dim=1)
+    mask = batch.tensors()[0]
+    batch.mask = torch.cat([mask.new_zeros((mask.shape[0], n)), mask], dim=1)
 
 
 def _select(batch: _Batch, keep: list[int]) -> None:
@@ -419,10 +430,11 @@ def _select(batch: _Batch, keep: list[int]) -> None:
     if not keep:
         batch.cache = batch.mask = batch.positions = batch.last = None
         return
-    index = torch.tensor(keep, device=batch.mask.device)
-    mask = batch.mask[index]
+    mask, positions, last = batch.tensors()  # set: the batch had rows, `keep` names some of them
+    index = torch.tensor(keep, device=mask.device)
+    mask = mask[index]
     first = int(mask.any(dim=0).int().argmax())  # the first column some row still needs
-    batch.mask, batch.positions, batch.last = mask[:, first:], batch.positions[index], batch.last[index]
+    batch.mask, batch.positions, batch.last = mask[:, first:], positions[index], last[index]
     for layer in batch.cache.layers:
         layer.keys = layer.keys[index, :, first:]
         layer.values = layer.values[index, :, first:]

@@ -3,7 +3,7 @@ plan and Start. Problems are shown on the fields they are about (as each input's
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TypedDict
 
 import gradio as gr
 
@@ -44,8 +44,16 @@ def form_inputs(fields: list[FormField], values: list[Any]) -> list[Any]:
     return [made[f.key] for f in fields]
 
 
+class _Common(TypedDict):
+    """The keywords every input shares, typed key by key so mypy matches each to gradio's parameter of that name."""
+
+    label: str
+    info: str
+    elem_id: str
+
+
 def _input(field: FormField, value: Any) -> Any:
-    common = {"label": field.key, "info": field.description, "elem_id": "field-" + field.key.replace(".", "-")}
+    common: _Common = {"label": field.key, "info": field.description, "elem_id": "field-" + field.key.replace(".", "-")}
     if field.kind == "bool":
         return gr.Checkbox(value=value, **common)
     if field.kind in ("integer", "number") and not as_text(field):
