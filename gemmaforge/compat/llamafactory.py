@@ -33,7 +33,7 @@ SECTIONS = ("model", "data", "lora", "train", "eval", "export")
 # 270M/1B, gemma3 with Gemma 3 4B+, gemma4 with 26B-A4B/31B, gemma4n with E2B/E4B/12B). gemma, gemma2 and gemma3
 # write the same <start_of_turn> turns (they differ in stop words and image plugin), gemma4 and gemma4n <|turn>.
 # LLaMA-Factory's stages that are gemmaforge methods (train.method, the same names; config.METHODS: checked equal)
-STAGES = ("sft", "pt")
+STAGES = ("sft", "pt", "dpo")
 _TURNS = ("gemma", "gemma2", "gemma3")
 TEMPLATES = {"gemma": _TURNS, "gemma2": _TURNS, "gemma3": _TURNS, "gemma4": ("gemma4",), "gemma4n": ("gemma4",)}
 NOT_YET = {"gemma3n": "Gemma 3n checkpoints are not supported yet"}
@@ -109,8 +109,8 @@ def _stage(value: Any, key: str, t: Translation) -> str:
     if value not in STAGES:
         what = {"rm": "reward modelling", "ppo": "PPO", "dpo": "DPO preference training",
                 "kto": "KTO preference training"}.get(value, repr(value))
-        raise UserError(f"{key}: {value}: gemmaforge trains supervised fine-tuning (stage: sft) and continued "
-                        f"pretraining (stage: pt), not {what} yet")
+        raise UserError(f"{key}: {value}: gemmaforge trains supervised fine-tuning (stage: sft), continued "
+                        f"pretraining (stage: pt) and preference tuning (stage: dpo), not {what} yet")
     return str(value)
 
 
@@ -291,6 +291,10 @@ TRANSLATED: dict[str, tuple[str, Convert]] = {
     "per_device_eval_batch_size": ("eval.batch_size", _same),
     "gradient_accumulation_steps": ("train.gradient_accumulation_steps", _same),
     "learning_rate": ("train.learning_rate", _same),
+    "pref_loss": ("train.pref_loss", _same),
+    "pref_beta": ("train.pref_beta", _same),
+    "pref_ftx": ("train.pref_ftx", _same),
+    "simpo_gamma": ("train.simpo_gamma", _same),
     "lr_scheduler_type": ("train.lr_scheduler_type", _same),
     "warmup_ratio": ("train.warmup_ratio", _same),
     "warmup_steps": ("", _warmup_steps),
@@ -407,9 +411,6 @@ IGNORED.update({
     "megatron_bridge_args": _OFF.format("use_megatron_bridge"),
     "hyper_parallel_args": _OFF.format("use_hyper_parallel"),
     "hyper_parallel_cp_size": _OFF.format("use_hyper_parallel"),
-    "ld_alpha": _OFF.format("stage: dpo"), "ref_model": _OFF.format("stage: dpo/kto/ppo"),
-    "ref_model_adapters": _OFF.format("stage: dpo/kto/ppo"),
-    "ref_model_quantization_bit": _OFF.format("stage: dpo/kto/ppo"),
     "reward_model": _OFF.format("stage: ppo"), "reward_model_adapters": _OFF.format("stage: ppo"),
     "reward_model_quantization_bit": _OFF.format("stage: ppo"), "reward_model_type": _OFF.format("stage: ppo"),
     "master_addr": "several machines: examples/distributed/multinode.sh (torchrun)",
@@ -453,6 +454,12 @@ IGNORED_PREFIXES = {"vllm_": "vLLM settings: `gemmaforge export vllm` writes the
 
 # keys that change what is trained: allowed at LLaMA-Factory's default only (set otherwise: exit 2)
 REFUSED: dict[str, tuple[Any, str]] = {
+    "dpo_label_smoothing": (0.0, "cDPO's label smoothing is not implemented: DPO trains on the labels as given"),
+    "pref_bco_weight": (0.0, "the BCO term is not implemented"),
+    "ld_alpha": (None, "LD-DPO's length weighting is not implemented"),
+    "ref_model": (None, "the reference is the base model: this run's adapter disabled, no second copy"),
+    "ref_model_adapters": (None, "the reference is the base model: this run's adapter disabled"),
+    "ref_model_quantization_bit": (None, "the reference shares the trained model's weights"),
     "eval_dataset": (None, "evaluate on a split (val_size) or a file (gemmaforge data.eval_path)"),
     "enable_thinking": (True, "thinking in the data trains as written; LLaMA-Factory's false removes it"),
     "image_do_pan_and_scan": (False, "pan-and-scan crops are off, as Gemma3Processor sets them"),

@@ -53,6 +53,13 @@ class Schema:
     system: str | None = "system"
     tools: str | None = "tools"
     images: str | None = "images"  # the record's images (paths, data URIs), in the order of their placeholders
+    # preference pairs (LLaMA-Factory's ranking datasets, TRL's preference form): the two answers' columns
+    chosen: str | None = None
+    rejected: str | None = None
+
+    @property
+    def ranking(self) -> bool:
+        return self.chosen is not None and self.rejected is not None
 
     def describe(self) -> str:
         if self.formatting == "alpaca":
@@ -74,13 +81,10 @@ def default_schema(formatting: Formatting) -> Schema:
     return Schema(formatting)
 
 
-COLUMN_KEYS = ("prompt", "query", "response", "history", "messages", "system", "tools", "images")
+COLUMN_KEYS = ("prompt", "query", "response", "history", "messages", "system", "tools", "images", "chosen", "rejected")
 TAG_KEYS = ("role_tag", "content_tag", "user_tag", "assistant_tag", "system_tag", "observation_tag", "function_tag")
-# LLaMA-Factory column keys for data we cannot train on (videos, audio, preference pairs).
-UNSUPPORTED_COLUMNS = {
-    "videos": "video data", "audios": "audio data",
-    "chosen": "preference (ranking) data", "rejected": "preference (ranking) data", "kto_tag": "KTO data",
-}
+# LLaMA-Factory column keys for data we cannot train on yet (videos, audio, KTO's unpaired labels).
+UNSUPPORTED_COLUMNS = {"videos": "video data", "audios": "audio data", "kto_tag": "KTO data"}
 
 
 def schema_with(base: Schema, columns: dict[str, Any] | None, tags: dict[str, Any] | None, where: str) -> Schema:
@@ -89,8 +93,8 @@ def schema_with(base: Schema, columns: dict[str, Any] | None, tags: dict[str, An
     for kind, mapping, allowed in (("columns", columns, COLUMN_KEYS), ("tags", tags, TAG_KEYS)):
         for key, value in (mapping or {}).items():
             if key in UNSUPPORTED_COLUMNS:
-                raise UserError(f"{where}: {kind}.{key}: {UNSUPPORTED_COLUMNS[key]} is not supported (supervised "
-                                "fine-tuning on text and images only)")
+                raise UserError(f"{where}: {kind}.{key}: {UNSUPPORTED_COLUMNS[key]} is not supported (conversations "
+                                "with text and images, preference pairs and raw text only)")
             if key not in allowed:
                 raise UserError(f"{where}: {kind}.{key}: unknown key; expected one of: {', '.join(allowed)}")
             if value is not None and not isinstance(value, str):
@@ -102,6 +106,8 @@ def schema_with(base: Schema, columns: dict[str, Any] | None, tags: dict[str, An
 def detect_schema(record: Any, where: str) -> Schema:
     """The shape of the first record; the error lists what was found and what is expected."""
     if isinstance(record, dict):
+        if "chosen" in record and "rejected" in record:
+            return _pair_schema(record)
         if "instruction" in record and "output" in record:
             return default_schema("alpaca")
         if isinstance(record.get(TEXT_COLUMN), str) and not {"instruction", "conversations", "messages"} & set(record):
@@ -121,6 +127,69 @@ def detect_schema(record: Any, where: str) -> Schema:
     )
 
 
+def _pair_schema(record: dict[str, Any]) -> Schema:
+    """A preference record's shape: TRL's (`prompt` as text or messages; or no prompt, each side a whole
+    conversation), LLaMA-Factory's sharegpt (`conversations`) or alpaca (`instruction`/`input`) ranking records."""
+    prompt = record.get("prompt")
+    if isinstance(prompt, str):
+        return Schema("alpaca", prompt="prompt", query=None, history=None, chosen="chosen", rejected="rejected")
+    if "instruction" in record:
+        return replace(default_schema("alpaca"), chosen="chosen", rejected="rejected")
+    column = next((c for c in ("prompt", "conversations", "messages") if isinstance(record.get(c), list)), "prompt")
+    turns = record.get(column) or record["chosen"]  # no prompt column: the sides are whole conversations
+    first = turns[0] if isinstance(turns, list) and turns else None
+    shape: Formatting = "sharegpt" if isinstance(first, dict) and "from" in first else "openai"
+    return replace(default_schema(shape), messages=column, chosen="chosen", rejected="rejected")
+
+
+def to_pair(record: Any, schema: Schema, where: str,
+            default_system: str | None = None) -> tuple[list[Message], Message, Message]:
+    """One preference record as (the prompt's messages, the chosen answer, the rejected answer). A record without
+    a prompt column (TRL's implicit prompt) holds two whole conversations: the prompt is what they share."""
+    if not isinstance(record, dict):
+        raise UserError(f"{where}: expected a JSON object, got {type(record).__name__}")
+    if not schema.ranking:
+        raise UserError(f"{where}: train.method: dpo trains on preference pairs, records with a chosen and a rejected "
+                        "answer (TRL's prompt/chosen/rejected, LLaMA-Factory's ranking datasets); this one is "
+                        f"{schema.describe()}")
+    assert schema.chosen is not None and schema.rejected is not None
+    for key in (schema.chosen, schema.rejected):
+        if record.get(key) in (None, "", [], {}):
+            raise UserError(f"{where}: field '{key}' is missing or empty: a preference pair needs a chosen and a "
+                            "rejected answer")
+    chosen = _side(record[schema.chosen], schema, f"{where}: {schema.chosen}")
+    rejected = _side(record[schema.rejected], schema, f"{where}: {schema.rejected}")
+    if schema.formatting == "alpaca":
+        prompt = _alpaca_prompt(record, schema, where)
+    elif record.get(schema.messages) is not None:
+        prompt = _turns(record, schema, where)
+    else:  # TRL's implicit prompt
+        shared = next((i for i, (a, b) in enumerate(zip(chosen, rejected)) if a != b), min(len(chosen), len(rejected)))
+        prompt, chosen, rejected = chosen[:shared], chosen[shared:], rejected[shared:]
+        if not prompt or prompt[-1]["role"] == "assistant":
+            raise UserError(f"{where}: the chosen and the rejected conversation do not start with the same prompt "
+                            "(they differ before the last answer); give the prompt in its own `prompt` column")
+    for side, messages in ((schema.chosen, chosen), (schema.rejected, rejected)):
+        if len(messages) != 1 or messages[0]["role"] != "assistant":
+            raise UserError(f"{where}: field '{side}' must be one assistant answer to the prompt, got "
+                            f"{len(messages)} turns ({', '.join(m['role'] for m in messages)})")
+    if chosen[0] == rejected[0]:
+        raise UserError(f"{where}: the chosen and the rejected answer are the same; a preference pair must differ")
+    prompt = _with_system_and_tools(prompt, record, schema, where, default_system)
+    check_roles([*prompt, chosen[0]], where, require_answer=True)
+    return prompt, chosen[0], rejected[0]
+
+
+def _side(value: Any, schema: Schema, where: str) -> list[Message]:
+    """One answer of a pair: text, one turn, or a list of turns (TRL's conversational form)."""
+    if isinstance(value, str):
+        return [{"role": "assistant", "content": value}]
+    turns = [value] if isinstance(value, dict) else value
+    messages_column = schema.messages if schema.formatting != "alpaca" else "turns"
+    shape = schema if schema.formatting != "alpaca" else default_schema("openai")
+    return _turns({messages_column: turns}, replace(shape, messages=messages_column), where)
+
+
 def to_messages(record: Any, schema: Schema, where: str, default_system: str | None = None) -> list[Message]:
     """One record as messages: optional system (carrying the tools offered, if any), then user/assistant turns
     with tool results after the calls, ending with an answer."""
@@ -129,10 +198,20 @@ def to_messages(record: Any, schema: Schema, where: str, default_system: str | N
     if schema == TEXT_SCHEMA:
         raise UserError(f"{where}: a record of raw text (a `{TEXT_COLUMN}` column or a .txt line) has no answer to "
                         "fine-tune on; train it with train.method: pt (continued pretraining)")
+    if schema.ranking:
+        raise UserError(f"{where}: a preference pair (a chosen and a rejected answer) trains with train.method: dpo")
     if schema.formatting == "alpaca":
         messages = _alpaca(record, schema, where)
     else:
         messages = _turns(record, schema, where)
+    messages = _with_system_and_tools(messages, record, schema, where, default_system)
+    check_roles(messages, where, require_answer=True)
+    return messages
+
+
+def _with_system_and_tools(messages: list[Message], record: dict[str, Any], schema: Schema, where: str,
+                           default_system: str | None) -> list[Message]:
+    """The record's system prompt (or the default one) first, carrying the tools it offers."""
     if messages[0]["role"] != "system":
         system = _optional_text(record, schema.system, where) or default_system
         if system:
@@ -142,7 +221,6 @@ def to_messages(record: Any, schema: Schema, where: str, default_system: str | N
         if messages[0]["role"] != "system":
             messages.insert(0, {"role": "system", "content": ""})
         messages[0] = {**messages[0], "tools": tools}
-    check_roles(messages, where, require_answer=True)
     return messages
 
 
@@ -189,6 +267,12 @@ def _checked(normalize: Any, value: Any, where: str) -> Any:
 
 
 def _alpaca(record: dict[str, Any], schema: Schema, where: str) -> list[Message]:
+    answer = _required_text(record, schema.response, where, "alpaca records need instruction and output")
+    return [*_alpaca_prompt(record, schema, where), {"role": "assistant", "content": answer}]
+
+
+def _alpaca_prompt(record: dict[str, Any], schema: Schema, where: str) -> list[Message]:
+    """An alpaca record's history and its instruction (with its input) as the last user turn."""
     messages: list[Message] = []
     history = record.get(schema.history) if schema.history else None
     if history:
@@ -203,8 +287,7 @@ def _alpaca(record: dict[str, Any], schema: Schema, where: str) -> list[Message]
     extra = _optional_text(record, schema.query, where)
     # Joined with one newline, as LLaMA-Factory does, so its users' data renders the same here.
     user = "\n".join(part for part in (prompt, extra) if part)
-    answer = _required_text(record, schema.response, where, "alpaca records need instruction and output")
-    return messages + [{"role": "user", "content": user}, {"role": "assistant", "content": answer}]
+    return [*messages, {"role": "user", "content": user}]
 
 
 def _turns(record: dict[str, Any], schema: Schema, where: str) -> list[Message]:

@@ -82,8 +82,6 @@ def _entry(info_path: Path, name: str, info: dict[str, Any]) -> SourceSpec:
                 "file_name at the local file"
             )
         raise UserError(f"{where}: missing file_name")
-    if entry.get("ranking"):
-        raise UserError(f"{where}: ranking (preference) datasets are not supported; gemmaforge trains SFT data")
     formatting = entry.get("formatting", "alpaca")
     if formatting not in FORMATTINGS:
         raise UserError(f"{where}: formatting '{formatting}' is not supported; "
@@ -95,6 +93,10 @@ def _entry(info_path: Path, name: str, info: dict[str, Any]) -> SourceSpec:
     # LLaMA-Factory reads `system`, `history` and `tools` columns only when mapped.
     base = replace(default_schema(formatting), system=None, history=None, tools=None, images=None)
     schema = schema_with(base, columns, tags if formatting != "alpaca" else None, where)
+    if entry.get("ranking"):  # preference pairs: the answers' columns, by LLaMA-Factory's names unless mapped
+        schema = replace(schema, chosen=schema.chosen or "chosen", rejected=schema.rejected or "rejected")
+    elif schema.chosen or schema.rejected:
+        raise UserError(f"{where}: columns chosen/rejected without \"ranking\": true; a preference dataset says so")
     num_samples = entry.get("num_samples")
     if num_samples is not None and (not isinstance(num_samples, int) or num_samples < 1):
         raise UserError(f"{where}: num_samples must be a positive integer")

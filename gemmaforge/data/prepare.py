@@ -36,6 +36,7 @@ from gemmaforge.data.formats import (
     document_text,
     schema_with,
     to_messages,
+    to_pair,
 )
 from gemmaforge.data.images import CheckedImage, ImageFinder
 from gemmaforge.data.llamafactory import SourceSpec, dataset_info_sources, is_dataset_dir
@@ -293,6 +294,64 @@ class TextPreparer(Preparer):
             tally.kept += 1
 
 
+@dataclass
+class PairExample(Example):
+    """A preference pair: `messages` is the prompt and the chosen answer, `rejected` the other answer."""
+
+    rejected: Message = field(default_factory=lambda: {"role": "assistant", "content": ""})
+
+
+class PairPreparer(Preparer):
+    """Preference tuning's data (train.method: dpo): each record's prompt and its chosen and rejected answers,
+    cleaned and deduplicated as conversations are, both sides within cutoff_len; written as
+    {"messages": prompt, "chosen": answer, "rejected": answer}."""
+
+    def _convert(self, record: Any, schema: Any, where: str, tally: Tally, media: Path) -> Example | None:
+        prompt, chosen, rejected = to_pair(record, schema, where, self.config.system)
+        self.family.chat.check_features([*prompt, chosen], where)
+        self.family.chat.check_features([*prompt, rejected], where)
+        if schema.images and record.get(schema.images):
+            raise UserError(f"{where}: preference pairs with images are not supported yet; give text pairs")
+        empty = next((m for m in (*prompt, chosen, rejected) if not has_content(m)), None)
+        if empty is not None:
+            if not self.config.clean.drop_empty:
+                raise UserError(f"{where}: empty {empty['role']} turn; fix the record, or set "
+                                "data.clean.drop_empty=true to drop such records (they are counted in stats.json)")
+            tally.dropped["empty"] += 1
+            return None
+        cleaned, changes = clean_messages([*prompt, chosen, rejected], self.config.clean)
+        tally.changed.update(changes)
+        if not all(map(has_content, cleaned)):
+            tally.dropped["empty_after_cleaning"] += 1
+            return None
+        *prompt, chosen, rejected = cleaned
+        if chosen == rejected:
+            tally.dropped["same_answers_after_cleaning"] += 1
+            return None
+        verdict = self.dedup.check("\n".join(_dedup_text(m) for m in (*prompt, chosen, rejected)))
+        if verdict:
+            tally.dropped[verdict] += 1
+            return None
+        return PairExample([*prompt, chosen], rejected=rejected)
+
+    def _write_batch(self, batch: list[Example], tally: Tally, out: IO[str]) -> None:
+        pairs = [example for example in batch if isinstance(example, PairExample)]
+        sides = [self.family.chat.render(conversation, mask_history=True)
+                 for pair in pairs for conversation in (pair.messages, [*pair.messages[:-1], pair.rejected])]
+        offsets = token_offsets(self.tokenizer, [side.text for side in sides]) if sides else []
+        for i, pair in enumerate(pairs):
+            (chosen, chosen_offsets), (_, rejected_offsets) = zip(sides[2 * i:2 * i + 2], offsets[2 * i:2 * i + 2])
+            if max(len(chosen_offsets), len(rejected_offsets)) > self.cutoff_len:
+                tally.dropped["too_long"] += 1  # a pair is compared whole: neither side is cut
+                continue
+            self.lengths.append(len(chosen_offsets))
+            self.supervised.append(count_in_spans(chosen_offsets, chosen.supervised))
+            line = {"messages": pair.messages[:-1], "chosen": pair.messages[-1], "rejected": pair.rejected}
+            out.write(json.dumps(line, ensure_ascii=False) + "\n")
+            tally.kept += 1
+            self.with_tools += bool(pair.messages[0].get("tools"))
+
+
 def _dedup_text(message: Message) -> str:
     """A message as deduplication compares it: its text, and what else it says (calls, tools, thinking)."""
     extra = {k: message[k] for k in ("tool_calls", "tools", "thinking") if message.get(k)}
@@ -331,7 +390,7 @@ def prepare_data(
     temps = {name: out_dir / f".{name}.{os.getpid()}.tmp" for name in ("all", "train", "val")}
     try:
         with _progress_bar(sum(p.stat().st_size for p in files)) as advance:
-            kind = TextPreparer if method == "pt" else Preparer
+            kind = {"pt": TextPreparer, "dpo": PairPreparer}.get(method, Preparer)
             preparer = kind(config, tokenizer, family, cutoff_len, advance, Vision(*vision, out_dir / IMAGES_DIR))
             with temps["all"].open("w", encoding="utf-8") as out:
                 tallies = [preparer.run(spec, out, seed) for spec in train_specs]
@@ -472,11 +531,21 @@ class _progress_bar:
 
 
 def read_prepared(path: Path) -> list[list[Message]]:
+    """The prepared conversations; of preference pairs, each prompt with its chosen answer (what the eval stage
+    asks and scores against, and what `export verify` compares)."""
     rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line]
     if rows and "messages" not in rows[0]:
         raise UserError(f"{path} holds raw text (prepared for train.method: pt), not conversations: prepare the "
                         "data again for this method")
-    return [row["messages"] for row in rows]
+    return [[*row["messages"], row["chosen"]] if "chosen" in row else row["messages"] for row in rows]
+
+
+def read_prepared_pairs(path: Path) -> list[tuple[list[Message], Message, Message]]:
+    """The prompts and their chosen and rejected answers of a split prepared for train.method: dpo."""
+    rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line]
+    if rows and "chosen" not in rows[0]:
+        raise UserError(f"{path} holds no preference pairs: prepare the data again for train.method: dpo")
+    return [(row["messages"], row["chosen"], row["rejected"]) for row in rows]
 
 
 def read_prepared_images(path: Path) -> list[list[Path]]:

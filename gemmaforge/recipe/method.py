@@ -9,7 +9,7 @@ sft.py plus a row there and its name in config.METHODS.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from gemmaforge.config import RunConfig
@@ -27,6 +27,7 @@ class Datasets:
     dropped: int  # training examples dropped (the method said why)
     max_images: int  # the most pictures one training example holds (the memory plan prices them)
     config: RunConfig  # the configuration to train with (the method may turn off what its data cannot use)
+    trainer_options: dict[str, Any] = field(default_factory=dict)  # keyword arguments of the method's Trainer
 
 
 @dataclass(frozen=True)

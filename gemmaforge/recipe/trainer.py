@@ -13,6 +13,7 @@ from gemmaforge.distributed import gather, local_rank, world_size
 from gemmaforge.errors import StageError, UserError
 from gemmaforge.families import Family
 from gemmaforge.models import ResolvedModel, default_home, load_tokenizer
+from gemmaforge.recipe.dpo import DPO
 from gemmaforge.recipe.method import Method
 from gemmaforge.recipe.pt import PT
 from gemmaforge.recipe.sft import SFT
@@ -50,7 +51,7 @@ from gemmaforge.train.wrapping import build_peft_model, lora_targets
 from gemmaforge.units import gib
 from gemmaforge.vision import ImagePrompt
 
-METHODS: dict[str, Method] = {method.name: method for method in (SFT, PT)}
+METHODS: dict[str, Method] = {method.name: method for method in (SFT, PT, DPO)}
 
 
 def training_arguments(config: RunConfig, run: RunDir, precision: str, has_val: bool) -> Any:
@@ -171,6 +172,7 @@ def train(run: RunDir, config: RunConfig, base: ResolvedModel) -> dict[str, Any]
         data_collator=data.collator,
         processing_class=tokenizer,
         callbacks=callbacks,
+        **data.trainer_options,
     )
     if trainer.pop_callback(ProgressCallback):  # absent when the progress bar is disabled
         trainer.add_callback(TrainingProgress())

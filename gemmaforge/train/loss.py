@@ -10,12 +10,14 @@ from __future__ import annotations
 import math
 import time
 import types
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 import torch.utils.checkpoint
 from transformers.modeling_outputs import CausalLMOutputWithPast
+from transformers.utils import ModelOutput
 
 from gemmaforge.chat.conversation import IGNORE_INDEX
 from gemmaforge.system.memory import peak_memory_bytes
@@ -31,16 +33,10 @@ def supervised_loss(
     counts items across gradient accumulation, exactly like transformers' own causal-LM loss).
     Packed batches come with position_ids, their segments and no attention mask (see train/packing.py)."""
     causal_lm = model.get_base_model() if hasattr(model, "get_base_model") else model
-    if "position_ids" in inputs:  # packed: the attention reads where each example ends from the segments
-        body = causal_lm.model(input_ids=inputs["input_ids"], position_ids=inputs["position_ids"], use_cache=False,
-                               **({"segments": inputs["segments"]} if inputs.get("segments") is not None else {}))
-    else:
-        body = causal_lm.model(input_ids=inputs["input_ids"], attention_mask=inputs["attention_mask"], use_cache=False,
-                               **_image_inputs(causal_lm, inputs))
-    hidden, targets = supervised_states(body.last_hidden_state, inputs["labels"], inputs.get("supervised_positions"))
+    hidden, targets = supervised_states(_last_hidden(causal_lm, inputs), inputs["labels"],
+                                        inputs.get("supervised_positions"))
     output_layer = causal_lm.get_output_embeddings()
-    # multimodal configs keep the text model's settings in text_config
-    softcap = getattr(causal_lm.config.get_text_config(), "final_logit_softcapping", None)
+    softcap = _softcap(causal_lm)
     loss = linear_cross_entropy(hidden, targets, output_layer, softcap, chunk_size)
     if loss is None:  # an output layer that is itself trained (modules_to_save) goes through autograd
         loss = chunked_cross_entropy(hidden, targets, output_layer, softcap, chunk_size)
@@ -48,6 +44,38 @@ def supervised_loss(
     if isinstance(denominator, torch.Tensor):
         denominator = denominator.to(loss.device)
     return loss / denominator
+
+
+def sequence_logps(model: Any, inputs: dict[str, torch.Tensor],
+                   chunk_size: int = 1024) -> tuple[torch.Tensor, torch.Tensor]:
+    """(B,) the summed log-probability of each row's supervised tokens (fp32), and (B,) how many there are: what a
+    preference loss compares. The output layer runs on the supervised positions only, `chunk_size` at a time."""
+    causal_lm = model.get_base_model() if hasattr(model, "get_base_model") else model
+    labels = inputs["labels"]
+    keep = labels[:, 1:] != IGNORE_INDEX  # (B, T-1): position t predicts token t+1
+    hidden, targets = _last_hidden(causal_lm, inputs)[:, :-1][keep], labels[:, 1:][keep]
+    rows = torch.arange(labels.shape[0], device=labels.device).unsqueeze(1).expand_as(keep)[keep]
+    token_logps = -chunked_cross_entropy(hidden, targets, causal_lm.get_output_embeddings(), _softcap(causal_lm),
+                                         chunk_size, reduction="none")
+    logps = torch.zeros(labels.shape[0], dtype=torch.float32, device=token_logps.device)
+    return logps.index_add(0, rows.to(token_logps.device), token_logps), keep.sum(dim=1)
+
+
+def _last_hidden(causal_lm: Any, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
+    """The decoder's last hidden states. Packed batches come with position_ids, their segments and no attention
+    mask (see train/packing.py)."""
+    if "position_ids" in inputs:  # packed: the attention reads where each example ends from the segments
+        body = causal_lm.model(input_ids=inputs["input_ids"], position_ids=inputs["position_ids"], use_cache=False,
+                               **({"segments": inputs["segments"]} if inputs.get("segments") is not None else {}))
+    else:
+        body = causal_lm.model(input_ids=inputs["input_ids"], attention_mask=inputs["attention_mask"], use_cache=False,
+                               **_image_inputs(causal_lm, inputs))
+    return body.last_hidden_state
+
+
+def _softcap(causal_lm: Any) -> float | None:
+    # multimodal configs keep the text model's settings in text_config
+    return getattr(causal_lm.config.get_text_config(), "final_logit_softcapping", None)
 
 
 def supervised_states(last_hidden: torch.Tensor, labels: torch.Tensor,
@@ -76,24 +104,32 @@ def _image_inputs(causal_lm: Any, inputs: dict[str, torch.Tensor]) -> dict[str, 
 
 
 def chunked_cross_entropy(
-    hidden: torch.Tensor, targets: torch.Tensor, output_layer: Any, softcap: float | None, chunk_size: int
+    hidden: torch.Tensor, targets: torch.Tensor, output_layer: Any, softcap: float | None, chunk_size: int,
+    reduction: str = "sum",
 ) -> torch.Tensor:
-    """Summed cross-entropy of output_layer(hidden) against targets, `chunk_size` rows at a time. Above
-    one chunk each chunk's logits are recomputed in backward instead of kept, so at most chunk_size x
-    vocabulary logits ever exist; a single chunk runs plainly (no recompute)."""
+    """Cross-entropy of output_layer(hidden) against targets (summed, or per row with reduction="none"),
+    `chunk_size` rows at a time. Above one chunk each chunk's logits are recomputed in backward instead of kept, so
+    at most chunk_size x vocabulary logits ever exist; a single chunk runs plainly (no recompute)."""
 
     def chunk_loss(h: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
         logits = output_layer(h)  # (n, V)
         if softcap:
             logits = torch.tanh(logits / softcap) * softcap
-        return F.cross_entropy(logits.float(), t, reduction="sum")
+        return F.cross_entropy(logits.float(), t, reduction=reduction)
 
     if hidden.shape[0] <= chunk_size:
         return chunk_loss(hidden, targets)
-    return sum(
-        torch.utils.checkpoint.checkpoint(chunk_loss, h, t, use_reentrant=False)
-        for h, t in zip(hidden.split(chunk_size), targets.split(chunk_size))
-    )
+    chunks = [torch.utils.checkpoint.checkpoint(chunk_loss, h, t, use_reentrant=False)
+              for h, t in zip(hidden.split(chunk_size), targets.split(chunk_size))]
+    return torch.cat(chunks) if reduction == "none" else torch.stack(chunks).sum()
+
+
+@dataclass
+class SequenceLogps(ModelOutput):
+    """What the installed forward returns when asked for `sequence_logps`: see `sequence_logps`."""
+
+    logps: torch.Tensor | None = None
+    counts: torch.Tensor | None = None
 
 
 def install_supervised_forward(model: Any, chunk_size: int) -> None:
@@ -104,11 +140,13 @@ def install_supervised_forward(model: Any, chunk_size: int) -> None:
 
     def forward(self: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
                 position_ids: torch.Tensor | None = None, labels: torch.Tensor | None = None,
-                num_items_in_batch: Any = None, **extra: Any) -> CausalLMOutputWithPast:
+                num_items_in_batch: Any = None, **extra: Any) -> ModelOutput:
         inputs: dict[str, Any] = {"input_ids": input_ids, "labels": labels,
                                   "supervised_positions": extra.get("supervised_positions")}
         inputs.update({"position_ids": position_ids, "segments": extra.get("segments")} if position_ids is not None
                       else {"attention_mask": attention_mask, **{k: extra.get(k) for k in IMAGE_INPUTS}})
+        if extra.get("sequence_logps"):  # a preference method's forward: each row's log-probability
+            return SequenceLogps(*sequence_logps(self, inputs, chunk_size))
         return CausalLMOutputWithPast(loss=supervised_loss(self, inputs, num_items_in_batch, chunk_size))
 
     causal_lm.forward = types.MethodType(forward, causal_lm)

@@ -110,7 +110,8 @@ def test_max_samples_takes_the_first_records_of_each_dataset(lf_dir: Path, tmp_p
         ("", r"name the dataset\(s\) to use with data.dataset .*shop_alpaca"),
         ("nope", r"no dataset named 'nope'; defined here: shop_alpaca"),
         ("from_hub", r"dataset 'from_hub': hf_hub_url datasets are not downloaded"),
-        ("prefs", r"dataset 'prefs': ranking \(preference\) datasets are not supported"),
+        ("prefs", r"shop_alpaca.json.*a preference pair \(a chosen and a rejected answer\) trains with "
+                  r"train.method: dpo"),
         ("typo", r"dataset 'typo': unknown keys colums"),
     ],
 )
