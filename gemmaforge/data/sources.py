@@ -73,44 +73,43 @@ def _decode(raw: bytes, where: str) -> str:
                         "re-save the file as UTF-8") from None
 
 
-def _jsonl_records(path: Path, progress: Progress | None) -> Iterator[tuple[str, Any]]:
-    seen_any = False
+def _lines(path: Path, progress: Progress | None) -> Iterator[tuple[int, str, str]]:
+    """(line number, where, text) of each line that is not blank, decoded as UTF-8 (a byte-order mark dropped)."""
     with path.open("rb") as f:
         for lineno, raw in enumerate(f, start=1):
             if progress:
                 progress(len(raw))
             where = f"{path} line {lineno}"
             text = _decode(raw.removeprefix(b"\xef\xbb\xbf") if lineno == 1 else raw, where)
-            if not text.strip():
-                continue
-            try:
-                record = json.loads(text)
-            except json.JSONDecodeError as exc:
-                if lineno == 1 and text.lstrip().startswith("{") and not text.rstrip().endswith("}"):
-                    raise UserError(
-                        f"{where}: malformed JSON ({exc.msg}); expected one JSON object per line "
-                        "(a single pretty-printed JSON object is not a dataset: use a JSON array of records)"
-                    ) from None
-                raise UserError(f"{where}: malformed JSON ({exc.msg}); expected one JSON object per line") from None
-            if not isinstance(record, dict):
-                raise UserError(f"{where}: expected a JSON object per line, got {type(record).__name__}")
-            seen_any = True
-            yield where, record
+            if text.strip():
+                yield lineno, where, text
+
+
+def _jsonl_records(path: Path, progress: Progress | None) -> Iterator[tuple[str, Any]]:
+    seen_any = False
+    for lineno, where, text in _lines(path, progress):
+        try:
+            record = json.loads(text)
+        except json.JSONDecodeError as exc:
+            if lineno == 1 and text.lstrip().startswith("{") and not text.rstrip().endswith("}"):
+                raise UserError(
+                    f"{where}: malformed JSON ({exc.msg}); expected one JSON object per line "
+                    "(a single pretty-printed JSON object is not a dataset: use a JSON array of records)"
+                ) from None
+            raise UserError(f"{where}: malformed JSON ({exc.msg}); expected one JSON object per line") from None
+        if not isinstance(record, dict):
+            raise UserError(f"{where}: expected a JSON object per line, got {type(record).__name__}")
+        seen_any = True
+        yield where, record
     if not seen_any:
         raise UserError(f"{path}: file is empty; expected a JSON array or JSON Lines of records")
 
 
 def _text_lines(path: Path, progress: Progress | None) -> Iterator[tuple[str, Any]]:
     seen_any = False
-    with path.open("rb") as f:
-        for lineno, raw in enumerate(f, start=1):
-            if progress:
-                progress(len(raw))
-            where = f"{path} line {lineno}"
-            text = _decode(raw.removeprefix(b"\xef\xbb\xbf") if lineno == 1 else raw, where).rstrip("\r\n")
-            if text.strip():
-                seen_any = True
-                yield where, {TEXT_COLUMN: text}
+    for _, where, text in _lines(path, progress):
+        seen_any = True
+        yield where, {TEXT_COLUMN: text.rstrip("\r\n")}
     if not seen_any:
         raise UserError(f"{path}: file is empty; expected a line of text per document")
 
