@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from gemmaforge.config import EvalConfig, RunConfig
 from gemmaforge.console import console
-from gemmaforge.data.prepare import read_prepared, read_prepared_images, read_prepared_texts
+from gemmaforge.data.prepare import read_prepared, read_prepared_images, read_prepared_pairs, read_prepared_texts
 from gemmaforge.errors import UserError
 from gemmaforge.evaluate.generate import EngineGenerator, Generation, Sampling, prompt_ids
 from gemmaforge.evaluate.metrics import reference_scores
@@ -23,7 +23,9 @@ from gemmaforge.evaluate.scoring import (
     Probe,
     general_text_examples,
     mean_loss,
+    pair_logps,
     perplexity,
+    preference_summary,
     probe_conversation,
     retention_probes,
 )
@@ -33,6 +35,7 @@ from gemmaforge.gguf_names import gguf_parts
 from gemmaforge.inference.llamacpp_images import projector_beside
 from gemmaforge.intake import picture_sizes
 from gemmaforge.models import ResolvedModel, load_causal_lm, load_tokenizer
+from gemmaforge.recipe.dpo import encode_pairs
 from gemmaforge.recipe.pt import encode_texts
 from gemmaforge.runs import RunDir
 from gemmaforge.vision import ImagePrompt
@@ -87,6 +90,13 @@ def evaluate(run: RunDir, config: RunConfig, base: ResolvedModel) -> dict[str, A
         val_examples = encode_texts(read_prepared_texts(val_path), tokenizer, config.train.cutoff_len) \
             if pretraining else _encode((val, val_images), tokenizer, family, config, vision)
         sides, answers = _base_and_tuned(engine, cases, probe_chats, sampling, config, val_examples, tokenizer)
+        pair_scores = {}
+        if config.train.method == "dpo":  # held-out pairs: which answer each model finds likelier
+            pairs, _ = encode_pairs(read_prepared_pairs(val_path), tokenizer, family, config.train.cutoff_len)
+            console.print(f"[bold]eval[/]: {len(pairs)} held-out preference pairs, base and tuned ...")
+            pair_scores = {side: engine.call(lambda model: pair_logps(model, pairs, tokenizer.pad_token_id,
+                                                                      ec.batch_size), adapter)
+                           for side, adapter in (("base", None), ("tuned", "tuned"))}
     finally:
         engine.close()
     agreement = None
@@ -102,6 +112,10 @@ def evaluate(run: RunDir, config: RunConfig, base: ResolvedModel) -> dict[str, A
         agreement = agreement_summary(merged.suite, answers["tuned"].suite, gguf)
     for side in sides:
         sides[side].update(answer_summary(cases, answers[side], probes))
+    if pair_scores:
+        for side, values in preference_summary(pair_scores["base"], pair_scores["tuned"],
+                                               config.train.pref_beta).items():
+            sides[side].update(values)
     return {
         "engine": ec.engine,
         "suite": {"source": source, "cases": len(cases), "with_checks": sum(bool(c.checks) for c in cases),

@@ -18,12 +18,16 @@ SUMMARY_ROWS = (
     ("rouge_l", "ROUGE-L F1 against references", True),
     ("eval_loss", "eval loss (val split)", False),
     ("perplexity", "perplexity (val split)", False),
+    ("preference_accuracy", "preference accuracy (held-out pairs: the chosen answer likelier)", True),
+    ("reward_accuracy", "reward accuracy (held-out pairs: the chosen answer's implicit reward higher)", True),
+    ("reward_margin", "mean reward margin over the base (held-out pairs)", True),
     ("retention_accuracy", "knowledge retention (probes answered)", True),
     ("general_text_perplexity", "general-text perplexity", False),
     ("stopped_rate", "answers ended on the stop token", True),
     ("answer_chars_mean", "mean answer length (characters)", None),
     ("prompts_per_second", "prompts/s", None),
 )
+METHOD_ROWS = ("preference_accuracy", "reward_accuracy", "reward_margin")  # preference runs (train.method: dpo)
 ANSWER_CHARS = 160  # answers are cut to this in report.md tables; results.json keeps them whole
 
 
@@ -54,7 +58,8 @@ def _change(base: Any, tuned: Any, higher_better: bool | None) -> str:
 def summary_rows(results: dict[str, Any]) -> list[tuple[str, str, str, str]]:
     base, tuned = results["base"], results["tuned"]
     rows = [(label, _fmt(base.get(key)), _fmt(tuned.get(key)), _change(base.get(key), tuned.get(key), hb))
-            for key, label, hb in SUMMARY_ROWS]
+            for key, label, hb in SUMMARY_ROWS
+            if key not in METHOD_ROWS or key in base]  # a method's own rows in its runs' reports only
     for name in tuned["check_pass_rates"]:
         b, t = base["check_pass_rates"].get(name), tuned["check_pass_rates"][name]
         rows.append((f"check `{name}` pass rate", _fmt(b), _fmt(t), _change(b, t, True)))

@@ -40,6 +40,44 @@ def mean_loss(model: Any, examples: list[dict[str, Any]], pad_token_id: int, bat
     return total / count if count else None
 
 
+def pair_logps(model: Any, pairs: list[dict[str, list[int]]], pad_token_id: int,
+               batch_size: int) -> tuple[list[float], list[float]]:
+    """The summed log-probability of each pair's chosen and of its rejected answer (recipe/dpo.py's encoding)."""
+    import torch
+
+    from gemmaforge.recipe.dpo import PairCollator
+    from gemmaforge.train.loss import sequence_logps
+
+    collate = PairCollator(pad_token_id)
+    chosen: list[float] = []
+    rejected: list[float] = []
+    model.eval()
+    with torch.no_grad():
+        for start in range(0, len(pairs), batch_size):
+            logps, _ = sequence_logps(model, collate(pairs[start:start + batch_size]))
+            first, second = logps.chunk(2)
+            chosen += first.tolist()
+            rejected += second.tolist()
+    return chosen, rejected
+
+
+def preference_summary(base: tuple[list[float], list[float]], tuned: tuple[list[float], list[float]],
+                       beta: float) -> dict[str, dict[str, float | None]]:
+    """Per side: how often the chosen answer is the likelier one (preference accuracy: log-probabilities summed
+    over each answer, so a longer chosen answer starts behind); for the tuned model also its implicit rewards
+    against the base, beta times the change of each answer's log-probability, as DPO defines them: how often the
+    chosen one's is the higher (reward accuracy) and their mean margin."""
+    def share(flags: list[bool]) -> float | None:
+        return round(sum(flags) / len(flags), 4) if flags else None
+
+    margins = [beta * ((tc - bc) - (tr - br)) for tc, tr, bc, br in zip(*tuned, *base)]
+    return {"base": {"preference_accuracy": share([c > r for c, r in zip(*base)]), "reward_accuracy": None,
+                     "reward_margin": None},
+            "tuned": {"preference_accuracy": share([c > r for c, r in zip(*tuned)]),
+                      "reward_accuracy": share([m > 0 for m in margins]),
+                      "reward_margin": round(sum(margins) / len(margins), 4) if margins else None}}
+
+
 def perplexity(loss: float | None) -> float | None:
     return round(math.exp(loss), 3) if loss is not None else None
 

@@ -242,3 +242,10 @@ def test_dpo_learns_which_answer_is_preferred(tmp_path: Path, tiny_gemma3_dir: P
     assert evals[-1]["eval_rewards/accuracies"] == 1.0 and evals[-1]["eval_rewards/margins"] > 0
     manifest = json.loads((run / "manifest.json").read_text())
     assert manifest["stages"]["train"]["method"] == "dpo" and manifest["stages"]["train"]["samples"] == 32
+    assert main(["eval", str(run), "retention=false", "num_samples=2", "max_new_tokens=4"]) == 0
+    results = json.loads((run / "eval" / "results.json").read_text())
+    base, tuned = results["base"], results["tuned"]
+    # the chosen answers are longer, so their summed log-probability starts behind; DPO moves them up
+    assert tuned["reward_accuracy"] == 1.0 and tuned["reward_margin"] > 0 and base["reward_margin"] is None
+    assert tuned["preference_accuracy"] >= base["preference_accuracy"]
+    assert "preference accuracy" in (run / "eval" / "report.md").read_text()
