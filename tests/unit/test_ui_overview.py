@@ -198,3 +198,21 @@ def test_the_chat_starts_with_the_run_s_deployed_system_prompt(tmp_path: Path) -
     board = Dashboard(tmp_path, default_home())
     assert (board.system_prompt("a"), board.system_prompt("b"), board.system_prompt(None)) == \
         ("You are a barista.", "deployed", "")
+
+
+def test_a_preference_run_draws_its_rewards(tmp_path: Path) -> None:
+    """A dpo run's rewards/* rows (train and eval) are their own chart; an SFT run leaves it empty."""
+    from gemmaforge.ui.dashboard import CURVES
+
+    dpo = _run_dir(tmp_path / "dpo", train={"method": "dpo"})
+    (dpo / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in (
+        {"step": 1, "loss": 0.69, "rewards/chosen": 0.01, "rewards/rejected": -0.01, "rewards/margins": 0.02},
+        {"step": 2, "eval_loss": 0.6, "eval_rewards/margins": 0.3})), encoding="utf-8")
+    sft = _run_dir(tmp_path / "sft")
+    (sft / "metrics.jsonl").write_text(json.dumps({"step": 1, "loss": 2.0}) + "\n", encoding="utf-8")
+    board = Dashboard(tmp_path, default_home())
+    index = next(i for i, (title, *_) in enumerate(CURVES) if title.startswith("Preference rewards"))
+    frame = board.curves(["dpo", "sft"])[index]
+    assert sorted(zip(frame["series"], frame["value"])) == [
+        ("dpo: eval_rewards/margins", 0.3), ("dpo: rewards/chosen", 0.01), ("dpo: rewards/margins", 0.02),
+        ("dpo: rewards/rejected", -0.01)]
