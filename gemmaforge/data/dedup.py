@@ -55,7 +55,7 @@ _HALFWIDTH = {chr(c): chr(c - 0xFEE0) for c in range(0xFF01, 0xFF5F)} | {"\u3000
 
 @cache
 def _kept_chars() -> np.ndarray:
-    """A lookup table, by code point, of the characters that survive normalisation (~0.3 s, once per process)."""
+    """A lookup table, by code point, of the characters that survive normalisation (built once per process)."""
     keep = np.ones(sys.maxunicode + 1, dtype=bool)
     dropped = [c for c in range(sys.maxunicode + 1) if unicodedata.category(chr(c))[0] in "PS" or chr(c).isspace()]
     keep[dropped] = False
