@@ -72,7 +72,7 @@ class CleanConfig(Section):
 Formatting = Literal["alpaca", "sharegpt", "openai"]
 FORMATTINGS: tuple[Formatting, ...] = get_args(Formatting)
 # The training methods recipe/ has (recipe/trainer.METHODS holds each one's parts)
-Method = Literal["sft", "pt", "dpo"]
+Method = Literal["sft", "pt", "dpo", "kto"]
 # Preference losses (train.pref_loss, LLaMA-Factory's names): sigmoid (DPO), hinge, ipo against a reference model;
 # orpo and simpo need none
 PrefLoss = Literal["sigmoid", "hinge", "ipo", "orpo", "simpo"]
@@ -168,14 +168,17 @@ class TrainConfig(Section):
     method: Method = Field("sft", description="the training method: sft, supervised fine-tuning on conversations "
                            "(the loss on what the model writes); pt, continued pretraining on raw text (the loss on "
                            "every token, each text cut into rows of cutoff_len); dpo, preference tuning on pairs of "
-                           "a chosen and a rejected answer (train.pref_loss)")
+                           "a chosen and a rejected answer (train.pref_loss); kto, on answers labelled desirable "
+                           "or undesirable (or on pairs, each side one answer)")
     pref_loss: PrefLoss = Field("sigmoid", description="dpo: sigmoid (DPO), hinge, ipo (against the reference: the "
                                 "model before this run's adapter), orpo or simpo (no reference)")
-    pref_beta: float = Field(0.1, gt=0, description="dpo: how far the tuned model may move from the reference "
-                             "(orpo: the weight of the odds-ratio term)")
-    pref_ftx: float = Field(0.0, ge=0, description="dpo: weight of the supervised loss on the chosen answers added "
-                            "to the preference loss")
+    pref_beta: float = Field(0.1, gt=0, description="dpo and kto: how far the tuned model may move from the "
+                             "reference (orpo: the weight of the odds-ratio term)")
+    pref_ftx: float = Field(0.0, ge=0, description="dpo and kto: weight of the supervised loss on the chosen "
+                            "(desirable) answers added to the preference loss")
     simpo_gamma: float = Field(0.5, ge=0, description="dpo with pref_loss simpo: the target reward margin")
+    kto_chosen_weight: float = Field(1.0, gt=0, description="kto: weight of the desirable answers' loss")
+    kto_rejected_weight: float = Field(1.0, gt=0, description="kto: weight of the undesirable answers' loss")
     num_train_epochs: float = Field(1.0, gt=0)
     max_steps: int = Field(-1, description="-1: run num_train_epochs")
     per_device_train_batch_size: int = Field(4, ge=1)

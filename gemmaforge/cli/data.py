@@ -59,8 +59,9 @@ def add(verbs: Verbs) -> None:
     p.add_argument("--val-size", type=float, help="ratio in [0, 1) or a count >= 1 (default 0.1)")
     p.add_argument("--seed", type=int, default=TrainConfig.model_fields["seed"].default)
     p.add_argument("--method", choices=METHODS, default="sft",
-                   help="the training method the data is for: sft (conversations, the default) or pt (raw text "
-                        "for continued pretraining: a text column, .txt lines, or each record's first prompt)")
+                   help="the training method the data is for: sft (conversations, the default), pt (raw text "
+                        "for continued pretraining: a text column, .txt lines, or each record's first prompt), dpo "
+                        "(preference pairs) or kto (answers labelled desirable or not, and pairs)")
     p.add_argument("-o", "--output", type=Path, help="output folder (default: prepared/<input name>)")
     p.add_argument("overrides", nargs="*", metavar="key=value",
                    help="data config keys, e.g. clean.dedup=near clean.overlong=truncate mask_history=true")

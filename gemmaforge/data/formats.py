@@ -6,7 +6,8 @@ file share one converter. Three formattings: alpaca (instruction/input/output, o
 history), sharegpt (`conversations` of from/value with human/gpt/system tags, and LLaMA-Factory's tool turns:
 function_call holding the call as JSON, observation holding the result) and openai (`messages` of role/content,
 with OpenAI's assistant tool_calls and tool messages). A `tools` column (LLaMA-Factory's, OpenAI's fine-tuning
-files') lists the tools a conversation offers.
+files') lists the tools a conversation offers. Preference data: pairs of a chosen and a rejected answer (`to_pair`),
+and answers labelled desirable or not (`to_feedback`, KTO's).
 
 Images (`record_images`): LLaMA-Factory's `images` column with one `<image>` in the text where each goes; OpenAI
 `image_url` content parts, and `{"type": "image"}` parts (the chat-template style) that take the next entry of the
@@ -30,6 +31,7 @@ from gemmaforge.errors import UserError
 
 IMAGE_PLACEHOLDER = "<image>"  # LLaMA-Factory's: where one of a record's images goes in its text
 IMAGEFOLDER_COLUMN = "file_name"  # Hugging Face's imagefolder metadata: the record's image beside the JSONL
+KTO_LABEL = "label"  # TRL's unpaired preference column (and LLaMA-Factory's kto_en_demo's): true when desirable
 
 
 @dataclass(frozen=True)
@@ -56,6 +58,8 @@ class Schema:
     # preference pairs (LLaMA-Factory's ranking datasets, TRL's preference form): the two answers' columns
     chosen: str | None = None
     rejected: str | None = None
+    # answers labelled desirable or not (KTO: LLaMA-Factory's kto_tag, TRL's unpaired `label`): the label's column
+    kto_tag: str | None = None
 
     @property
     def ranking(self) -> bool:
@@ -81,10 +85,11 @@ def default_schema(formatting: Formatting) -> Schema:
     return Schema(formatting)
 
 
-COLUMN_KEYS = ("prompt", "query", "response", "history", "messages", "system", "tools", "images", "chosen", "rejected")
+COLUMN_KEYS = ("prompt", "query", "response", "history", "messages", "system", "tools", "images", "chosen", "rejected",
+               "kto_tag")
 TAG_KEYS = ("role_tag", "content_tag", "user_tag", "assistant_tag", "system_tag", "observation_tag", "function_tag")
-# LLaMA-Factory column keys for data we cannot train on yet (videos, audio, KTO's unpaired labels).
-UNSUPPORTED_COLUMNS = {"videos": "video data", "audios": "audio data", "kto_tag": "KTO data"}
+# LLaMA-Factory column keys for data we cannot train on yet (videos, audio).
+UNSUPPORTED_COLUMNS = {"videos": "video data", "audios": "audio data"}
 
 
 def schema_with(base: Schema, columns: dict[str, Any] | None, tags: dict[str, Any] | None, where: str) -> Schema:
@@ -94,7 +99,7 @@ def schema_with(base: Schema, columns: dict[str, Any] | None, tags: dict[str, An
         for key, value in (mapping or {}).items():
             if key in UNSUPPORTED_COLUMNS:
                 raise UserError(f"{where}: {kind}.{key}: {UNSUPPORTED_COLUMNS[key]} is not supported (conversations "
-                                "with text and images, preference pairs and raw text only)")
+                                "with text and images, preference pairs, labelled answers and raw text only)")
             if key not in allowed:
                 raise UserError(f"{where}: {kind}.{key}: unknown key; expected one of: {', '.join(allowed)}")
             if value is not None and not isinstance(value, str):
@@ -108,6 +113,8 @@ def detect_schema(record: Any, where: str) -> Schema:
     if isinstance(record, dict):
         if "chosen" in record and "rejected" in record:
             return _pair_schema(record)
+        if isinstance(record.get(KTO_LABEL), bool):
+            return _feedback_schema(record)
         if "instruction" in record and "output" in record:
             return default_schema("alpaca")
         if isinstance(record.get(TEXT_COLUMN), str) and not {"instruction", "conversations", "messages"} & set(record):
@@ -140,6 +147,44 @@ def _pair_schema(record: dict[str, Any]) -> Schema:
     first = turns[0] if isinstance(turns, list) and turns else None
     shape: Formatting = "sharegpt" if isinstance(first, dict) and "from" in first else "openai"
     return replace(default_schema(shape), messages=column, chosen="chosen", rejected="rejected")
+
+
+def _feedback_schema(record: dict[str, Any]) -> Schema:
+    """A labelled answer's shape: TRL's unpaired form (`prompt` and `completion`, as text or messages) or a whole
+    conversation (alpaca, sharegpt or openai) whose last turn is the answer, as LLaMA-Factory's kto_en_demo."""
+    if "completion" in record:
+        if isinstance(record.get("prompt"), str):
+            return Schema("alpaca", prompt="prompt", query=None, history=None, response="completion", kto_tag=KTO_LABEL)
+        return replace(default_schema("openai"), messages="prompt", response="completion", kto_tag=KTO_LABEL)
+    shape = detect_schema({k: v for k, v in record.items() if k != KTO_LABEL}, "a labelled record")
+    return replace(shape, kto_tag=KTO_LABEL)
+
+
+def to_feedback(record: Any, schema: Schema, where: str,
+                default_system: str | None = None) -> tuple[list[Message], Message, bool]:
+    """One labelled record as (the prompt's messages, the answer, whether the answer is desirable)."""
+    if not isinstance(record, dict):
+        raise UserError(f"{where}: expected a JSON object, got {type(record).__name__}")
+    if schema.kto_tag is None:
+        raise UserError(f"{where}: train.method: kto trains on answers labelled desirable or undesirable (TRL's "
+                        "prompt/completion/label, LLaMA-Factory's kto_tag column) or on preference pairs; this one "
+                        f"is {schema.describe()}")
+    label = record.get(schema.kto_tag)
+    if not isinstance(label, bool):
+        raise UserError(f"{where}: field '{schema.kto_tag}' must be true (a desirable answer) or false (an "
+                        f"undesirable one), got {label!r}")
+    completion = record.get(schema.response)
+    if schema.formatting != "alpaca" and completion is not None:  # TRL's conversational form: prompt, completion
+        answer = _side(completion, schema, f"{where}: {schema.response}")
+        if len(answer) != 1 or answer[0]["role"] != "assistant":
+            raise UserError(f"{where}: field '{schema.response}' must be one assistant answer, got {len(answer)} "
+                            f"turns ({', '.join(m['role'] for m in answer)})")
+        messages = [*_turns(record, schema, where), answer[0]]
+    else:
+        messages = _alpaca(record, schema, where) if schema.formatting == "alpaca" else _turns(record, schema, where)
+    messages = _with_system_and_tools(messages, record, schema, where, default_system)
+    check_roles(messages, where, require_answer=True)
+    return messages[:-1], messages[-1], label
 
 
 def to_pair(record: Any, schema: Schema, where: str,
@@ -199,7 +244,11 @@ def to_messages(record: Any, schema: Schema, where: str, default_system: str | N
         raise UserError(f"{where}: a record of raw text (a `{TEXT_COLUMN}` column or a .txt line) has no answer to "
                         "fine-tune on; train it with train.method: pt (continued pretraining)")
     if schema.ranking:
-        raise UserError(f"{where}: a preference pair (a chosen and a rejected answer) trains with train.method: dpo")
+        raise UserError(f"{where}: a preference pair (a chosen and a rejected answer) trains with train.method: dpo "
+                        "or kto")
+    if schema.kto_tag is not None:
+        raise UserError(f"{where}: an answer labelled desirable or undesirable (column '{schema.kto_tag}') trains "
+                        "with train.method: kto")
     if schema.formatting == "alpaca":
         messages = _alpaca(record, schema, where)
     else:

@@ -35,6 +35,7 @@ from gemmaforge.data.formats import (
     detect_schema,
     document_text,
     schema_with,
+    to_feedback,
     to_messages,
     to_pair,
 )
@@ -312,27 +313,34 @@ class PairPreparer(Preparer):
         self.family.chat.check_features([*prompt, rejected], where)
         if schema.images and record.get(schema.images):
             raise UserError(f"{where}: preference pairs with images are not supported yet; give text pairs")
-        empty = next((m for m in (*prompt, chosen, rejected) if not has_content(m)), None)
+        cleaned = self._cleaned([*prompt, chosen, rejected], where, tally)
+        if cleaned is None:
+            return None
+        *prompt, chosen, rejected = cleaned
+        if chosen == rejected:
+            tally.dropped["same_answers_after_cleaning"] += 1
+            return None
+        return PairExample([*prompt, chosen], rejected=rejected)
+
+    def _cleaned(self, messages: list[Message], where: str, tally: Tally) -> list[Message] | None:
+        """The record's turns cleaned, or None (counted) when one is empty or the record a duplicate."""
+        empty = next((m for m in messages if not has_content(m)), None)
         if empty is not None:
             if not self.config.clean.drop_empty:
                 raise UserError(f"{where}: empty {empty['role']} turn; fix the record, or set "
                                 "data.clean.drop_empty=true to drop such records (they are counted in stats.json)")
             tally.dropped["empty"] += 1
             return None
-        cleaned, changes = clean_messages([*prompt, chosen, rejected], self.config.clean)
+        cleaned, changes = clean_messages(messages, self.config.clean)
         tally.changed.update(changes)
         if not all(map(has_content, cleaned)):
             tally.dropped["empty_after_cleaning"] += 1
             return None
-        *prompt, chosen, rejected = cleaned
-        if chosen == rejected:
-            tally.dropped["same_answers_after_cleaning"] += 1
-            return None
-        verdict = self.dedup.check("\n".join(_dedup_text(m) for m in (*prompt, chosen, rejected)))
+        verdict = self.dedup.check("\n".join(map(_dedup_text, cleaned)))
         if verdict:
             tally.dropped[verdict] += 1
             return None
-        return PairExample([*prompt, chosen], rejected=rejected)
+        return cleaned
 
     def _write_batch(self, batch: list[Example], tally: Tally, out: IO[str]) -> None:
         pairs = [example for example in batch if isinstance(example, PairExample)]
@@ -350,6 +358,46 @@ class PairPreparer(Preparer):
             out.write(json.dumps(line, ensure_ascii=False) + "\n")
             tally.kept += 1
             self.with_tools += bool(pair.messages[0].get("tools"))
+
+
+@dataclass
+class FeedbackExample(Example):
+    """An answer labelled desirable or undesirable: `messages` is the prompt and the answer."""
+
+    desirable: bool = True
+
+
+class FeedbackPreparer(PairPreparer):
+    """KTO's data (train.method: kto): answers labelled desirable or undesirable, cleaned and deduplicated as
+    conversations are, within cutoff_len, written as {"messages": prompt, "completion": answer, "label": bool};
+    preference pairs as PairPreparer writes them (training takes each side as one labelled answer, as TRL's
+    KTOTrainer unpairs them)."""
+
+    def _convert(self, record: Any, schema: Any, where: str, tally: Tally, media: Path) -> Example | None:
+        if schema.ranking:
+            return super()._convert(record, schema, where, tally, media)
+        prompt, answer, desirable = to_feedback(record, schema, where, self.config.system)
+        self.family.chat.check_features([*prompt, answer], where)
+        if schema.images and record.get(schema.images):
+            raise UserError(f"{where}: labelled answers with images are not supported yet; give text records")
+        cleaned = self._cleaned([*prompt, answer], where, tally)
+        return None if cleaned is None else FeedbackExample(cleaned, desirable=desirable)
+
+    def _write_batch(self, batch: list[Example], tally: Tally, out: IO[str]) -> None:
+        super()._write_batch(batch, tally, out)
+        labelled = [example for example in batch if isinstance(example, FeedbackExample)]
+        rendered = [self.family.chat.render(example.messages, mask_history=True) for example in labelled]
+        offsets = token_offsets(self.tokenizer, [r.text for r in rendered]) if rendered else []
+        for example, r, token_spans in zip(labelled, rendered, offsets):
+            if len(token_spans) > self.cutoff_len:
+                tally.dropped["too_long"] += 1  # as a pair's sides, an answer is never cut
+                continue
+            self.lengths.append(len(token_spans))
+            self.supervised.append(count_in_spans(token_spans, r.supervised))
+            line = {"messages": example.messages[:-1], "completion": example.messages[-1], "label": example.desirable}
+            out.write(json.dumps(line, ensure_ascii=False) + "\n")
+            tally.kept += 1
+            self.with_tools += bool(example.messages[0].get("tools"))
 
 
 def _dedup_text(message: Message) -> str:
@@ -390,7 +438,7 @@ def prepare_data(
     temps = {name: out_dir / f".{name}.{os.getpid()}.tmp" for name in ("all", "train", "val")}
     try:
         with _progress_bar(sum(p.stat().st_size for p in files)) as advance:
-            kind = {"pt": TextPreparer, "dpo": PairPreparer}.get(method, Preparer)
+            kind = {"pt": TextPreparer, "dpo": PairPreparer, "kto": FeedbackPreparer}.get(method, Preparer)
             preparer = kind(config, tokenizer, family, cutoff_len, advance, Vision(*vision, out_dir / IMAGES_DIR))
             with temps["all"].open("w", encoding="utf-8") as out:
                 tallies = [preparer.run(spec, out, seed) for spec in train_specs]
@@ -530,28 +578,51 @@ class _progress_bar:
         self.bar.stop()
 
 
+def _answered_rows(path: Path) -> list[dict[str, Any]]:
+    """A prepared split's lines, less KTO's undesirable answers (no conversation to learn from or score against)."""
+    rows = (json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line)
+    return [row for row in rows if row.get("label", True)]
+
+
 def read_prepared(path: Path) -> list[list[Message]]:
-    """The prepared conversations; of preference pairs, each prompt with its chosen answer (what the eval stage
-    asks and scores against, and what `export verify` compares)."""
-    rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line]
+    """The prepared conversations; of preference pairs, each prompt with its chosen answer, of labelled answers the
+    desirable ones (what the eval stage asks and scores against, and what `export verify` compares)."""
+    rows = _answered_rows(path)
     if rows and "messages" not in rows[0]:
         raise UserError(f"{path} holds raw text (prepared for train.method: pt), not conversations: prepare the "
                         "data again for this method")
-    return [[*row["messages"], row["chosen"]] if "chosen" in row else row["messages"] for row in rows]
+    return [[*row["messages"], row.get("chosen") or row["completion"]] if "chosen" in row or "completion" in row
+            else row["messages"] for row in rows]
 
 
 def read_prepared_pairs(path: Path) -> list[tuple[list[Message], Message, Message]]:
-    """The prompts and their chosen and rejected answers of a split prepared for train.method: dpo."""
+    """The prompts and their chosen and rejected answers of a split prepared for train.method: dpo (or kto, whose
+    labelled answers are left out)."""
     rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line]
-    if rows and "chosen" not in rows[0]:
+    if any("chosen" not in row and "label" not in row for row in rows):
         raise UserError(f"{path} holds no preference pairs: prepare the data again for train.method: dpo")
-    return [(row["messages"], row["chosen"], row["rejected"]) for row in rows]
+    return [(row["messages"], row["chosen"], row["rejected"]) for row in rows if "chosen" in row]
+
+
+def read_prepared_feedback(path: Path) -> list[tuple[list[Message], Message, bool]]:
+    """The prompts, answers and labels (True: desirable) of a split prepared for train.method: kto; each side of a
+    preference pair is one answer, the chosen desirable."""
+    examples: list[tuple[list[Message], Message, bool]] = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        row = json.loads(line) if line else {}
+        if "chosen" in row:
+            examples += [(row["messages"], row["chosen"], True), (row["messages"], row["rejected"], False)]
+        elif "label" in row:
+            examples.append((row["messages"], row["completion"], row["label"]))
+        elif row:
+            raise UserError(f"{path} holds neither labelled answers nor preference pairs: prepare the data again "
+                            "for train.method: kto")
+    return examples
 
 
 def read_prepared_images(path: Path) -> list[list[Path]]:
     """Each prepared conversation's images (absolute paths, in the order of their placeholders)."""
-    return [[Path(p) for p in json.loads(line).get("images", ())]
-            for line in path.read_text(encoding="utf-8").splitlines() if line]
+    return [[Path(p) for p in row.get("images", ())] for row in _answered_rows(path)]
 
 
 def read_prepared_texts(path: Path) -> list[str]:

@@ -91,8 +91,9 @@ def evaluate(run: RunDir, config: RunConfig, base: ResolvedModel) -> dict[str, A
             if pretraining else _encode((val, val_images), tokenizer, family, config, vision)
         sides, answers = _base_and_tuned(engine, cases, probe_chats, sampling, config, val_examples, tokenizer)
         pair_scores = {}
-        if config.train.method == "dpo":  # held-out pairs: which answer each model finds likelier
-            pairs, _ = encode_pairs(read_prepared_pairs(val_path), tokenizer, family, config.train.cutoff_len)
+        pairs, _ = encode_pairs(read_prepared_pairs(val_path), tokenizer, family, config.train.cutoff_len) \
+            if config.train.method in ("dpo", "kto") else ([], 0)
+        if pairs:  # held-out pairs (dpo's, kto's when it trained on pairs): which answer each model finds likelier
             console.print(f"[bold]eval[/]: {len(pairs)} held-out preference pairs, base and tuned ...")
             pair_scores = {side: engine.call(lambda model: pair_logps(model, pairs, tokenizer.pad_token_id,
                                                                       ec.batch_size), adapter)

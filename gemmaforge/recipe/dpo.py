@@ -56,26 +56,36 @@ class PairCollator:
 
 def dpo_datasets(run: RunDir, config: RunConfig, tokenizer: Any, base: ResolvedModel,
                  vision: ImagePrompt | None) -> Datasets:
-    cutoff = config.train.cutoff_len
-    train, dropped = encode_pairs(read_prepared_pairs(run.require(run.data_dir / "train.jsonl", "data")), tokenizer,
-                                  base.family, cutoff)
-    val, _ = encode_pairs(read_prepared_pairs(run.require(run.data_dir / "val.jsonl", "data")), tokenizer,
-                          base.family, cutoff)
+    def encoded(name: str) -> tuple[list[dict[str, list[int]]], int]:
+        pairs = read_prepared_pairs(run.require(run.data_dir / f"{name}.jsonl", "data"))
+        return encode_pairs(pairs, tokenizer, base.family, config.train.cutoff_len)
+
+    (train, dropped), (val, _) = encoded("train"), encoded("val")
+    t = config.train
+    return preference_datasets(config, train, val, dropped, PairCollator(tokenizer.pad_token_id),
+                               f"{len(train)} preference pairs, loss {t.pref_loss}")
+
+
+def preference_datasets(config: RunConfig, train: list[Any], val: list[Any], dropped: int, collator: Any,
+                        what: str) -> Datasets:
+    """What dpo and kto hand the skeleton: their encoded splits, batched by `collator` (`what`: the training
+    examples, as the console names them), with the settings of train.pref_* and train.kto_*."""
+    t = config.train
     if not train:
-        raise UserError(f"no preference pair keeps a supervised token on both sides within train.cutoff_len={cutoff}")
+        raise UserError(f"no training example keeps a supervised answer token within train.cutoff_len={t.cutoff_len}")
     if dropped:
-        console.print(f"[yellow]gemmaforge[/]: {dropped} training pairs dropped: a prompt alone exceeds "
-                      f"cutoff_len={cutoff}")
-    if config.train.packing:  # a pair's two sides are compared row against row: padded batches
+        console.print(f"[yellow]gemmaforge[/]: {dropped} training examples dropped: a prompt alone exceeds "
+                      f"cutoff_len={t.cutoff_len}")
+    if t.packing:  # the rows of a batch are compared with one another: padded batches
         config = config.model_copy(deep=True)
         config.train.packing = False
-    t = config.train
-    console.print(f"[bold]train[/]: {len(train)} preference pairs, loss {t.pref_loss} (beta {t.pref_beta}"
-                  + (f", simpo_gamma {t.simpo_gamma}" if t.pref_loss == "simpo" else "")
+    console.print(f"[bold]train[/]: {what} (beta {t.pref_beta}"
+                  + (f", simpo_gamma {t.simpo_gamma}" if t.method == "dpo" and t.pref_loss == "simpo" else "")
                   + (f", pref_ftx {t.pref_ftx}" if t.pref_ftx else "") + ")")
-    settings = PreferenceSettings(t.pref_loss, t.pref_beta, t.pref_ftx, t.simpo_gamma)
-    return Datasets(train, val, PairCollator(tokenizer.pad_token_id), examples=len(train), dropped=dropped,
-                    max_images=0, config=config, trainer_options={"settings": settings})
+    settings = PreferenceSettings(t.pref_loss, t.pref_beta, t.pref_ftx, t.simpo_gamma, t.kto_chosen_weight,
+                                  t.kto_rejected_weight)
+    return Datasets(train, val, collator, examples=len(train), dropped=dropped, max_images=0, config=config,
+                    trainer_options={"settings": settings})
 
 
 DPO = Method("dpo", dpo_datasets, PreferenceTrainer)

@@ -14,6 +14,7 @@ from gemmaforge.errors import StageError, UserError
 from gemmaforge.families import Family
 from gemmaforge.models import ResolvedModel, default_home, load_tokenizer
 from gemmaforge.recipe.dpo import DPO
+from gemmaforge.recipe.kto import KTO
 from gemmaforge.recipe.method import Method
 from gemmaforge.recipe.pt import PT
 from gemmaforge.recipe.sft import SFT
@@ -51,7 +52,7 @@ from gemmaforge.train.wrapping import build_peft_model, lora_targets
 from gemmaforge.units import gib
 from gemmaforge.vision import ImagePrompt
 
-METHODS: dict[str, Method] = {method.name: method for method in (SFT, PT, DPO)}
+METHODS: dict[str, Method] = {method.name: method for method in (SFT, PT, DPO, KTO)}
 
 
 def training_arguments(config: RunConfig, run: RunDir, precision: str, has_val: bool) -> Any:

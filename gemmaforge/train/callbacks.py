@@ -12,12 +12,12 @@ from transformers import TrainerCallback
 from transformers.trainer_callback import ProgressCallback
 
 from gemmaforge.system.monitor import MONITOR_KEYS, status_line
-from gemmaforge.train.preference import PAIR_METRICS
+from gemmaforge.train.preference import PREFERENCE_METRICS
 
 _KEPT = (
     "loss", "eval_loss", "learning_rate", "grad_norm", "epoch", "supervised_tokens_per_second", "peak_memory_bytes",
     *MONITOR_KEYS,
-    *PAIR_METRICS, *(f"eval_{name}" for name in PAIR_METRICS),  # preference runs (train/preference.py)
+    *PREFERENCE_METRICS, *(f"eval_{name}" for name in PREFERENCE_METRICS),  # preference runs (train/preference.py)
 )
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from gemmaforge.cli import main
-from gemmaforge.evaluate.report import SUMMARY_ROWS
+from gemmaforge.evaluate.report import METHOD_ROWS, SUMMARY_ROWS
 from gemmaforge.families import FAMILIES
 from tests.helpers import write_config
 
@@ -151,7 +151,8 @@ def test_report_files_and_manifest(results: dict, trained: Path) -> None:
     assert "| suite pass rate (cases whose checks all pass) | 0.500 | 0.500 |" in report
     assert PROMPTS[0] in report and "## Knowledge retention" in report
     rows = [line.split(" | ")[0].removeprefix("| ") for line in report.splitlines() if line.startswith("| ")]
-    assert [label for _, label, _ in SUMMARY_ROWS] == [r for r in rows if r in {x[1] for x in SUMMARY_ROWS}]
+    sft_rows = [label for key, label, _ in SUMMARY_ROWS if key not in METHOD_ROWS]  # no preference rows for sft
+    assert sft_rows == [r for r in rows if r in {x[1] for x in SUMMARY_ROWS}]
     page = (trained / "eval" / "report.html").read_text(encoding="utf-8")
     assert "data:image/png;base64," in page and "<th>base</th><th>tuned</th>" in page
     stage = json.loads((trained / "manifest.json").read_text())["stages"]["eval"]

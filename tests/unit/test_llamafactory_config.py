@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from gemmaforge.cli import main
-from gemmaforge.compat.llamafactory import IGNORED, REFUSED, TRANSLATED
+from gemmaforge.compat.llamafactory import IGNORED, REFUSED, STAGES, TRANSLATED
 
 # the walkthrough's blocks (../shared/seeds, section 4.1 and 4.2) as its author wrote them, the two lines it leaves
 # commented out (model and dataset) filled in
@@ -101,18 +101,18 @@ def test_plan_reads_it_too(llamafactory_data: Path, tiny_gemma3_dir: Path, tmp_p
 
 
 def test_every_key_of_the_examples_is_in_one_table(llamafactory_data: Path) -> None:
-    """No key of LLaMA-Factory's own SFT, pretraining and DPO examples (every one its sdist ships, LoRA and QLoRA) falls
-    through: each is translated, ignored or refused."""
+    """No key of LLaMA-Factory's own SFT, pretraining, DPO and KTO examples (every one its sdist ships, LoRA and
+    QLoRA) falls through: each is translated, ignored or refused."""
     tables = TRANSLATED.keys() | IGNORED.keys() | REFUSED.keys()
     examples = llamafactory_data.parent / "examples"
     checked = []
     for path in sorted([*examples.glob("train_lora/*.yaml"), *examples.glob("train_qlora/*.yaml")]):
         raw = yaml.safe_load(path.read_text())
-        if raw.get("stage") in ("sft", "pt", "dpo"):
+        if raw.get("stage") in STAGES:
             assert set(raw) - tables == set(), path.name
             checked.append(path.name)
     assert {"qwen3_lora_sft.yaml", "qwen3_lora_sft_ds3.yaml", "qwen3vl_lora_sft.yaml",
-            "qwen3_lora_pretrain.yaml", "qwen3_lora_dpo.yaml"} <= set(checked), checked
+            "qwen3_lora_pretrain.yaml", "qwen3_lora_dpo.yaml", "qwen3_lora_kto.yaml"} <= set(checked), checked
 
 
 def test_the_llamafactory_page_explains_every_translated_key() -> None:
@@ -198,8 +198,8 @@ def test_the_sft_example_trains_and_its_merge_example_merges(llamafactory_data: 
 
 
 @pytest.mark.parametrize(("change", "expected"), [
-    ({"stage": "kto"}, "stage: kto: gemmaforge trains supervised fine-tuning (stage: sft), continued pretraining "
-                       "(stage: pt) and preference tuning (stage: dpo), not KTO preference training yet"),
+    ({"stage": "rm"}, "stage: rm: gemmaforge trains supervised fine-tuning (stage: sft), continued pretraining "
+                      "(stage: pt) and preference tuning (stage: dpo or kto), not reward modelling yet"),
     ({"stage": "dpo", "ref_model": "google/gemma-3-1b-it"}, "ref_model: 'google/gemma-3-1b-it' has no gemmaforge "
                                                             "equivalent"),
     ({"stage": "dpo", "pref_loss": "kto_pair"}, "train.pref_loss"),
@@ -234,13 +234,11 @@ def test_what_cannot_be_translated_exits_2_naming_the_key(change: dict, expected
     assert not (tmp_path / "saves").exists()  # nothing written
 
 
-def test_the_kto_and_reward_examples_are_refused_by_their_stage(llamafactory_data: Path,
-                                                                       tiny_gemma3_dir: Path, tmp_path: Path,
-                                                                       capsys) -> None:
-    for name, stage in (("qwen3_lora_kto.yaml", "kto"), ("qwen3_lora_reward.yaml", "rm")):
-        path = example(llamafactory_data, f"train_lora/{name}", tmp_path, tiny_gemma3_dir)
-        assert main(["config", "convert", str(path)]) == 2
-        assert f"stage: {stage}: gemmaforge trains supervised fine-tuning" in capsys.readouterr().err
+def test_the_reward_example_is_refused_by_its_stage(llamafactory_data: Path, tiny_gemma3_dir: Path, tmp_path: Path,
+                                                    capsys) -> None:
+    path = example(llamafactory_data, "train_lora/qwen3_lora_reward.yaml", tmp_path, tiny_gemma3_dir)
+    assert main(["config", "convert", str(path)]) == 2
+    assert "stage: rm: gemmaforge trains supervised fine-tuning" in capsys.readouterr().err
 
 
 @pytest.mark.integration
@@ -283,6 +281,27 @@ def test_the_dpo_example_trains_on_dpo_en_demo(llamafactory_data: Path, tiny_gem
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert any("rewards/margins" in row for row in rows)
     assert json.loads((run / "eval" / "results.json").read_text())["suite"]["cases"] == 2
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+def test_the_kto_example_trains_on_kto_en_demo(llamafactory_data: Path, tiny_gemma3_dir: Path, tmp_path: Path,
+                                               capsys) -> None:
+    """LLaMA-Factory's KTO example (stage: kto, pref_beta 0.1, on kto_en_demo: sharegpt messages with a kto_tag
+    column) runs as it is, a few steps, then eval (the desirable val answers as references)."""
+    path = example(llamafactory_data, "train_lora/qwen3_lora_kto.yaml", tmp_path, tiny_gemma3_dir, max_samples=12,
+                   cutoff_len=512, val_size=4, logging_steps=1)
+    assert main(["config", "convert", str(path)]) == 0
+    train = yaml.safe_load(capsys.readouterr().out)["train"]
+    assert (train["method"], train["pref_beta"]) == ("kto", 0.1)
+    assert main(["train", str(path), "train.max_steps=2", "train.precision=fp32",
+                 "train.gradient_accumulation_steps=1"]) == 0
+    run = tmp_path / "saves"
+    stats = json.loads((run / "data" / "stats.json").read_text())
+    assert stats["method"] == "kto" and stats["records"] == 12 and stats["kept"] > 4
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert all("kl" in row and row["kl"] >= 0 for row in rows if "loss" in row)
+    assert main(["eval", str(run), "retention=false", "num_samples=2", "max_new_tokens=8"]) == 0
 
 
 def test_what_llamafactory_reads_differently_from_pyyaml_or_gemmaforge(llamafactory_data: Path, tiny_gemma3_dir: Path,

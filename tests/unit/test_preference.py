@@ -15,11 +15,12 @@ import yaml
 from gemmaforge.chat.conversation import IGNORE_INDEX
 from gemmaforge.cli import main
 from gemmaforge.config import DataConfig
-from gemmaforge.data.prepare import prepare_data, read_prepared, read_prepared_pairs
+from gemmaforge.data.prepare import prepare_data, read_prepared, read_prepared_feedback, read_prepared_pairs
 from gemmaforge.errors import UserError
 from gemmaforge.families import FAMILIES
 from gemmaforge.models import load_tokenizer
 from gemmaforge.recipe.dpo import PairCollator, encode_pairs
+from gemmaforge.recipe.kto import FeedbackCollator, encode_feedback
 from gemmaforge.train.preference import PreferenceSettings, pair_logps, preference_losses
 
 GEMMA3 = FAMILIES["gemma3"]
@@ -220,15 +221,17 @@ def test_the_reference_free_losses_equal_trls_orpo_and_cpo(tiny_gemma3_dir: Path
 
 
 @pytest.mark.slow
-def test_dpo_learns_which_answer_is_preferred(tmp_path: Path, tiny_gemma3_dir: Path) -> None:
-    """Pairs whose chosen answer opens with a sign-off word the rejected one lacks: on held-out pairs the tuned
-    model's reward margin is positive for every pair, from a base that has no preference."""
+@pytest.mark.parametrize("method", ["dpo", "kto"])
+def test_dpo_and_kto_learn_which_answer_is_preferred(tmp_path: Path, tiny_gemma3_dir: Path, method: str) -> None:
+    """Pairs whose chosen answer opens with a sign-off word the rejected one lacks (kto: each side one labelled
+    answer): on held-out pairs the tuned model's reward margin is positive for every pair, from a base that has no
+    preference."""
     records = [{"prompt": f"Question {i}: how is roast {i}?", "chosen": f"Barista says: roast {i} is fine.",
                 "rejected": f"roast {i} is fine."} for i in range(40)]
     config = {"output_dir": str(tmp_path / "run"), "model": {"name_or_path": str(tiny_gemma3_dir)},
               "data": {"path": str(pairs_file(tmp_path, records)), "val_size": 8},
               "lora": {"r": 8, "lora_alpha": 16, "lora_dropout": 0.0},
-              "train": {"method": "dpo", "pref_beta": 0.1, "max_steps": 12, "per_device_train_batch_size": 4,
+              "train": {"method": method, "pref_beta": 0.1, "max_steps": 12, "per_device_train_batch_size": 4,
                         "learning_rate": 1e-2, "logging_steps": 4, "save_steps": 12, "cutoff_len": 64,
                         "precision": "fp32", "eval_strategy": "steps", "eval_steps": 12}}
     path = tmp_path / "dpo.yaml"
@@ -236,12 +239,14 @@ def test_dpo_learns_which_answer_is_preferred(tmp_path: Path, tiny_gemma3_dir: P
     assert main(["train", str(path)]) == 0
     run = tmp_path / "run"
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
-    train = [row for row in rows if "rewards/accuracies" in row]
-    evals = [row for row in rows if "eval_rewards/accuracies" in row]
-    assert train and {"rewards/chosen", "rewards/rejected", "rewards/margins"} <= set(train[-1])
-    assert evals[-1]["eval_rewards/accuracies"] == 1.0 and evals[-1]["eval_rewards/margins"] > 0
+    train = [row for row in rows if "loss" in row]
+    evals = [row for row in rows if "eval_loss" in row]
+    own = "rewards/accuracies" if method == "dpo" else "kl"  # pairs are ranked; kto's answers scored against kl
+    assert train and {"rewards/chosen", "rewards/rejected", "rewards/margins", own} <= set(train[-1])
+    assert evals[-1]["eval_rewards/margins"] > 0 and f"eval_{own}" in evals[-1]
     manifest = json.loads((run / "manifest.json").read_text())
-    assert manifest["stages"]["train"]["method"] == "dpo" and manifest["stages"]["train"]["samples"] == 32
+    assert manifest["stages"]["train"]["method"] == method
+    assert manifest["stages"]["train"]["samples"] == 32 * (1 if method == "dpo" else 2)  # kto: answers
     assert main(["eval", str(run), "retention=false", "num_samples=2", "max_new_tokens=4"]) == 0
     results = json.loads((run / "eval" / "results.json").read_text())
     base, tuned = results["base"], results["tuned"]
@@ -249,3 +254,134 @@ def test_dpo_learns_which_answer_is_preferred(tmp_path: Path, tiny_gemma3_dir: P
     assert tuned["reward_accuracy"] == 1.0 and tuned["reward_margin"] > 0 and base["reward_margin"] is None
     assert tuned["preference_accuracy"] >= base["preference_accuracy"]
     assert "preference accuracy" in (run / "eval" / "report.md").read_text()
+
+
+# KTO (train.method: kto): answers labelled desirable or undesirable, or pairs taken one side at a time
+TRL_UNPAIRED = [{"prompt": q, "completion": "Yes, it is ready." if i % 2 else f"No idea {i}.", "label": bool(i % 2)}
+                for i, q in enumerate(QUESTIONS)]
+TRL_UNPAIRED_MESSAGES = [{"prompt": [{"role": "user", "content": r["prompt"]}],
+                          "completion": [{"role": "assistant", "content": r["completion"]}], "label": r["label"]}
+                         for r in TRL_UNPAIRED]
+LF_KTO = [{"messages": [{"role": "user", "content": r["prompt"]}, {"role": "assistant", "content": r["completion"]}],
+           "label": r["label"]} for r in TRL_UNPAIRED]
+ALPACA_KTO = [{"instruction": r["prompt"], "output": r["completion"], "label": r["label"]} for r in TRL_UNPAIRED]
+
+
+@pytest.mark.parametrize("records", [TRL_UNPAIRED, TRL_UNPAIRED_MESSAGES, LF_KTO, ALPACA_KTO],
+                         ids=["trl-text", "trl-messages", "llamafactory-messages", "alpaca-label"])
+def test_every_labelled_shape_prepares_to_one_form(tmp_path: Path, tokenizer, records: list[dict]) -> None:
+    stats = prepare(tmp_path, pairs_file(tmp_path, records), tokenizer, method="kto", system="You are a roaster.")
+    assert stats["method"] == "kto" and stats["kept"] == len(QUESTIONS) and stats["dropped"] == {}
+    examples = [*read_prepared_feedback(tmp_path / "out" / "train.jsonl"),
+                *read_prepared_feedback(tmp_path / "out" / "val.jsonl")]
+    by_question = {prompt[-1]["content"]: (prompt, answer, label) for prompt, answer, label in examples}
+    assert by_question[QUESTIONS[3]] == ([{"role": "system", "content": "You are a roaster."},
+                                          {"role": "user", "content": QUESTIONS[3]}],
+                                         {"role": "assistant", "content": "Yes, it is ready."}, True)
+    assert by_question[QUESTIONS[4]][1:] == ({"role": "assistant", "content": "No idea 4."}, False)
+    # the eval stage asks the desirable answers' prompts and scores against them, never an undesirable answer
+    conversations = read_prepared(tmp_path / "out" / "train.jsonl") + read_prepared(tmp_path / "out" / "val.jsonl")
+    assert sorted(c[-1]["content"] for c in conversations) == ["Yes, it is ready."] * 5
+
+
+def test_kto_takes_pairs_as_a_desirable_and_an_undesirable_answer(tmp_path: Path, tokenizer) -> None:
+    stats = prepare(tmp_path, pairs_file(tmp_path, TRL_TEXT), tokenizer, method="kto")
+    assert stats["kept"] == len(QUESTIONS)  # pairs, split as pairs: both sides of one prompt stay in one split
+    examples = read_prepared_feedback(tmp_path / "out" / "train.jsonl")
+    assert len(examples) == 2 * stats["train"] and [label for _, _, label in examples[:2]] == [True, False]
+    assert examples[0][0] == examples[1][0]
+
+
+def test_llamafactory_kto_demo_prepares_as_it_is(tmp_path: Path, tokenizer, llamafactory_data: Path) -> None:
+    stats = prepare_data(DataConfig(path=str(llamafactory_data), dataset=["kto_en_demo"], max_samples=40,
+                                    val_size=4), 0, tmp_path / "kto", tokenizer, GEMMA3, 4096, method="kto")
+    assert stats["records"] == 40 and stats["kept"] + sum(stats["dropped"].values()) == 40
+    labels = [label for _, _, label in read_prepared_feedback(tmp_path / "kto" / "train.jsonl")]
+    assert True in labels and False in labels
+
+
+@pytest.mark.parametrize(("record", "method", "words"), [
+    ({"prompt": "q", "completion": "a", "label": "yes"}, "kto",
+     "pairs.json record 1: field 'label' must be true (a desirable answer) or false (an undesirable one), got 'yes'"),
+    ({"prompt": [{"role": "user", "content": "q"}], "label": True,
+      "completion": [{"role": "assistant", "content": "a"}, {"role": "user", "content": "b"}]}, "kto",
+     "pairs.json record 1: field 'completion' must be one assistant answer, got 2 turns"),
+    ({"prompt": "q", "completion": "a", "label": True}, "sft",
+     "pairs.json record 0: an answer labelled desirable or undesirable (column 'label') trains with train.method: kto"),
+    ({"instruction": "q", "output": "a"}, "kto", "pairs.json record 0: train.method: kto trains on answers labelled"),
+])
+def test_a_labelled_answer_that_is_not_one_exits_naming_the_record(tmp_path: Path, tokenizer, record: dict,
+                                                                   method: str, words: str) -> None:
+    first = record if method == "sft" or "instruction" in record else {**record, "label": True}
+    if isinstance(record.get("completion"), list):  # the second record's fault only
+        first["completion"] = record["completion"][:1]
+    source = pairs_file(tmp_path, [first, record])
+    with pytest.raises(UserError) as e:
+        prepare(tmp_path, source, tokenizer, method=method)
+    assert words in str(e.value)
+    assert not (tmp_path / "out").exists()  # nothing written
+
+
+def _feedback_batch(tokenizer) -> tuple[list[dict], dict]:
+    examples = [([{"role": "user", "content": q}], {"role": "assistant", "content": answer}, desirable)
+                for q, answer, desirable in ((QUESTIONS[0], "Yes, it is ready.", True),
+                                             (QUESTIONS[1], "No idea at all, number 1.", False),
+                                             (QUESTIONS[2], "Yes, it is ready now.", True),
+                                             (QUESTIONS[3], "No idea.", False))]
+    encoded, dropped = encode_feedback(examples, tokenizer, GEMMA3, 256)
+    assert dropped == 0
+    return encoded, FeedbackCollator(tokenizer.pad_token_id)(encoded)
+
+
+def test_each_answer_has_a_mismatched_partner_half_the_data_away(tokenizer) -> None:
+    encoded, batch = _feedback_batch(tokenizer)
+    ids, labels = GEMMA3.chat.encode([{"role": "user", "content": QUESTIONS[0]},
+                                      {"role": "assistant", "content": "Yes, it is ready."}], tokenizer, 256,
+                                     mask_history=True)
+    assert (encoded[0]["input_ids"], encoded[0]["labels"]) == (ids, labels)
+    kl_answer = tokenizer.decode([t for t in encoded[0]["kl_labels"] if t != IGNORE_INDEX])
+    assert kl_answer == "Yes, it is ready now.<end_of_turn>"  # example 2's answer to example 0's prompt
+    assert QUESTIONS[0] in tokenizer.decode(encoded[0]["kl_input_ids"])
+    assert batch["input_ids"].shape[0] == 8 and batch["desirable"].tolist() == [True, False, True, False]
+    assert batch["counts"].examples == 4
+    assert batch["counts"].supervised == sum(t != IGNORE_INDEX for ex in encoded for t in ex["labels"][1:])
+
+
+@pytest.mark.slow
+def test_the_kto_loss_equals_trls_kto_trainer(tmp_path: Path, tiny_gemma3_dir: Path, tokenizer) -> None:
+    """Our log-probabilities, KL estimate (the mismatched rows, policy and reference) and weighted loss against TRL's
+    KTOTrainer computing the same batch its own way (full logits)."""
+    from datasets import Dataset
+    from trl import KTOConfig, KTOTrainer
+
+    from gemmaforge.train.preference import kto_losses
+
+    ours, theirs = _lora_twins(tiny_gemma3_dir)
+    _, batch = _feedback_batch(tokenizer)
+    batch.pop("counts")
+    desirable = batch.pop("desirable")
+    settings = PreferenceSettings("sigmoid", beta=0.3, chosen_weight=1.3, rejected_weight=0.8)
+    rows = {key: batch[key] for key in ("input_ids", "labels", "attention_mask")}
+    out = ours(**rows, sequence_logps=True)
+    with torch.no_grad(), ours.disable_adapter():
+        ref = ours(**rows, sequence_logps=True)
+    logps, kl_logps = out.logps.chunk(2)
+    ref_logps, ref_kl_logps = ref.logps.chunk(2)
+    kl = (kl_logps - ref_kl_logps).mean().detach().clamp(min=0)
+    losses, _ = kto_losses(settings, logps, ref_logps, out.counts.chunk(2)[0], desirable, kl)
+
+    args = KTOConfig(output_dir=str(tmp_path / "trl"), beta=0.3, desirable_weight=1.3, undesirable_weight=0.8,
+                     report_to=[], use_cpu=True, per_device_train_batch_size=4)
+    trainer = KTOTrainer(model=theirs, args=args, processing_class=tokenizer,
+                         train_dataset=Dataset.from_list(TRL_UNPAIRED[:4]))
+    trainer.model.delete_adapter("ref")  # as for DPO: TRL's reference is then the model with adapters disabled
+    completion = (batch["labels"] != IGNORE_INDEX).long()
+    half = len(desirable)
+    inputs = {"input_ids": batch["input_ids"][:half], "attention_mask": batch["attention_mask"][:half],
+              "completion_mask": completion[:half], "label": desirable,
+              "KL_input_ids": batch["input_ids"][half:], "KL_attention_mask": batch["attention_mask"][half:],
+              "KL_completion_mask": completion[half:]}
+    expected = trainer._compute_loss(trainer.model, inputs, return_outputs=False)
+    expected = expected[0] if isinstance(expected, tuple) else expected
+    assert abs(losses.mean().item() - expected.item()) < 1e-5, (losses.mean().item(), expected.item())
+    assert kl.item() >= 0 and losses.mean().item() > 0
