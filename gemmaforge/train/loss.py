@@ -49,14 +49,18 @@ def supervised_loss(
 def sequence_logps(model: Any, inputs: dict[str, torch.Tensor],
                    chunk_size: int = 1024) -> tuple[torch.Tensor, torch.Tensor]:
     """(B,) the summed log-probability of each row's supervised tokens (fp32), and (B,) how many there are: what a
-    preference loss compares. The output layer runs on the supervised positions only, `chunk_size` at a time."""
+    preference loss compares. The output layer runs on the supervised positions only, `chunk_size` at a time, fused
+    with the loss as supervised_loss runs it."""
     causal_lm = model.get_base_model() if hasattr(model, "get_base_model") else model
     labels = inputs["labels"]
     keep = labels[:, 1:] != IGNORE_INDEX  # (B, T-1): position t predicts token t+1
     hidden, targets = _last_hidden(causal_lm, inputs)[:, :-1][keep], labels[:, 1:][keep]
     rows = torch.arange(labels.shape[0], device=labels.device).unsqueeze(1).expand_as(keep)[keep]
-    token_logps = -chunked_cross_entropy(hidden, targets, causal_lm.get_output_embeddings(), _softcap(causal_lm),
-                                         chunk_size, reduction="none")
+    output_layer, softcap = causal_lm.get_output_embeddings(), _softcap(causal_lm)
+    token_losses = linear_cross_entropy(hidden, targets, output_layer, softcap, chunk_size, per_token=True)
+    if token_losses is None:  # no gradient wanted, or an output layer that trains: through autograd
+        token_losses = chunked_cross_entropy(hidden, targets, output_layer, softcap, chunk_size, reduction="none")
+    token_logps = -token_losses
     logps = torch.zeros(labels.shape[0], dtype=torch.float32, device=token_logps.device)
     return logps.index_add(0, rows.to(token_logps.device), token_logps), keep.sum(dim=1)
 

@@ -5,7 +5,7 @@ The peak is the sum of terms that are each counted, not guessed:
   weights in the training dtype, or NF4 (~0.52 bytes each) for the linear layers of a 4-bit base;
 * trainable: each trainable parameter in fp32 with its gradient and AdamW's two moments (16 bytes);
 * activations: what autograd keeps, per token and layer (train/activations.py), for full rows of
-  cutoff_len tokens (the worst batch); with gradient checkpointing, the layers' inputs;
+  cutoff_len tokens (the worst batch; two rows per DPO pair); with gradient checkpointing, the layers' inputs;
 * backward: while a layer's backward runs, its gradients take about what it kept (with gradient
   checkpointing, its recomputed activations as well);
 * logits: one chunk of logits_chunk_size supervised positions x the vocabulary, as the fused loss holds it at
@@ -53,6 +53,10 @@ GPU_CONTEXT_BYTES = 512 * 2**20  # CUDA/HIP context and kernels outside torch's 
 # a time (many differently sized buffers), by less with gradient checkpointing (fewer buffers alive at once),
 # and by a fifth for unpadded rows. Fitted on the rows of benchmarks/memory_plan.py: (packing, checkpointing)
 CPU_HEAP_SHARE = {(True, False): 0.5, (True, True): 0.3, (False, False): 0.2, (False, True): 0.2}
+# Rows trained per example: a DPO pair is its chosen and its rejected row, both kept for backward. The reference
+# passes (and KTO's mismatched rows) run without gradient: they hold one layer's activations at a time, less than
+# a layer's backward, so they add nothing to the peak.
+ROWS_PER_EXAMPLE = {"dpo": 2}
 
 
 @dataclass(frozen=True)
@@ -135,7 +139,7 @@ class Planner:
 
     def parts(self, batch: int, cutoff: int, checkpointing: bool, ranks: int | None = None,
               strategy: str | None = None) -> dict[str, int]:
-        tokens = batch * cutoff
+        tokens = batch * cutoff * ROWS_PER_EXAMPLE.get(self.config.train.method, 1)
         chunk = min(self.config.train.logits_chunk_size, tokens)
         layer = self.profile.largest_layer(tokens, cutoff)
         parts = {

@@ -9,12 +9,12 @@ VOCAB, HIDDEN = 300, 16
 
 
 def plain_cross_entropy(hidden: torch.Tensor, targets: torch.Tensor, layer: torch.nn.Module,
-                        softcap: float | None, chunk_size: int = 0) -> torch.Tensor:
-    """torch's own summed cross-entropy on the full logits: the reference, with nothing of ours in it."""
+                        softcap: float | None, chunk_size: int = 0, per_token: bool = False) -> torch.Tensor:
+    """torch's own cross-entropy (summed, or per row) on the full logits: the reference, with nothing of ours in it."""
     logits = layer(hidden)
     if softcap:
         logits = torch.tanh(logits / softcap) * softcap
-    return torch.nn.functional.cross_entropy(logits.float(), targets, reduction="sum")
+    return torch.nn.functional.cross_entropy(logits.float(), targets, reduction="none" if per_token else "sum")
 
 
 def output_layer(trained_tokens: bool) -> torch.nn.Module:
@@ -33,9 +33,13 @@ def output_layer(trained_tokens: bool) -> torch.nn.Module:
 @pytest.mark.parametrize("trained_tokens", [False, True])
 @pytest.mark.parametrize("softcap", [None, 3.0])
 @pytest.mark.parametrize("chunk_size", [5, 64])
+@pytest.mark.parametrize("per_token", [False, True], ids=["summed", "per-token"])
 def test_fused_loss_and_gradients_equal_torchs_cross_entropy(trained_tokens: bool, softcap: float | None,
-                                                             chunk_size: int) -> None:
+                                                             chunk_size: int, per_token: bool) -> None:
+    """Summed (SFT's loss) and per row (a preference loss's sequence log-probabilities, each row weighed by its own
+    upstream gradient)."""
     layer = output_layer(trained_tokens)
+    upstream = torch.rand(23) * 2 - 0.5 if per_token else torch.tensor(0.37)  # as with accumulation, or per row
     hidden = torch.randn(23, HIDDEN) * 4  # logits up to ~5: a cap of 3 bites
     targets = torch.randint(0, VOCAB, (23,))
     targets[:3] = torch.tensor([7, 250, 7])  # trained rows as targets too
@@ -44,8 +48,8 @@ def test_fused_loss_and_gradients_equal_torchs_cross_entropy(trained_tokens: boo
         h = hidden.clone().requires_grad_(True)
         layer.zero_grad()
         compute = linear_cross_entropy if fused else plain_cross_entropy
-        loss = compute(h, targets, layer, softcap, chunk_size)
-        (loss * 0.37).backward()  # a scaled upstream gradient, as with accumulation
+        loss = compute(h, targets, layer, softcap, chunk_size, per_token=per_token)
+        (loss * upstream).sum().backward()
         trained = [p.grad.clone() for p in layer.parameters() if p.requires_grad]
         results.append((loss.detach(), h.grad.clone(), trained))
     (loss_ref, dh_ref, dp_ref), (loss_ours, dh_ours, dp_ours) = results
@@ -97,7 +101,7 @@ def test_a_chunk_holds_the_bytes_per_logit_the_planner_prices(dtype: torch.dtype
     inputs = sum(x.untyped_storage().nbytes() for x in (h, weight, targets))
     with PeakTensorMemory(h, weight, targets) as tracked:  # the inputs are counted, then taken off the peak
         loss, dlogits = _chunk_loss(h, targets, weight, None, None, softcap, True)
-    assert dlogits.shape == (n, vocab) and torch.isfinite(loss)
+    assert dlogits.shape == (n, vocab) and loss.shape == (n,) and bool(torch.isfinite(loss).all())
     config = Gemma2Config(final_logit_softcapping=softcap)
     assert (tracked.peak - inputs) / (n * vocab) == pytest.approx(logit_bytes(config, dtype), rel=0.02)
     assert logit_bytes(config, dtype) == (8 if softcap else 6 if dtype == torch.bfloat16 else 4)
