@@ -67,6 +67,8 @@ def write_config(tmp_path: Path, model: Path | str, lora: dict | None = None, **
             "cutoff_len": 128,
             **train,
         },
+        # a random tiny model never stops on its own: short answers keep a run's eval stage a few seconds
+        "eval": {"max_new_tokens": 24},
         "export": {"gguf": ["f16", "q8_0"], "ollama": {"name": "tiny-coffee"}},
     }
     path = tmp_path / "config.yaml"

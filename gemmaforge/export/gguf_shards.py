@@ -49,10 +49,10 @@ def staged_output(out_path: Path) -> Iterator[Path]:
 def gguf_file(out_path: Path, arch: str, split: Split = NO_SPLIT) -> Iterator[gguf.GGUFWriter]:
     """A GGUFWriter whose file (or shards, with `split`) replace `out_path` only when the body completes,
     and are removed when it fails (see staged_output)."""
-    import gguf
+    from gemmaforge.export.gguf_writer import GGUFWriter
 
     with staged_output(out_path) as staged:
-        writer = gguf.GGUFWriter(staged, arch, split_max_size=split.max_bytes, split_max_tensors=split.max_tensors)
+        writer = GGUFWriter(staged, arch, split_max_size=split.max_bytes, split_max_tensors=split.max_tensors)
         try:
             yield writer
         finally:

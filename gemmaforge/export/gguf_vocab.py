@@ -16,6 +16,7 @@ others USER_DEFINED with "▁" written back as a space.
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from collections.abc import Iterator
@@ -54,9 +55,22 @@ class Vocab:
     chat_template: str | list[dict[str, str]] | None  # the tokenizer's own, if it has one
 
 
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "chat_template.jinja")
+
+
 def load_vocab(model_dir: Path, n_vocab: int, config_ids: dict[str, int]) -> Vocab:
     """The vocabulary of `model_dir`, padded to `n_vocab` entries (the embedding's rows); `config_ids` are the
-    special-token ids config.json gives (ModelSpec.special_token_ids), used where the tokenizer names none."""
+    special-token ids config.json gives (ModelSpec.special_token_ids), used where the tokenizer names none.
+    Read once per version of the tokenizer's files: an export of several quantizations reads it once."""
+    paths = [model_dir / name for name in TOKENIZER_FILES if (model_dir / name).is_file()]
+    files = tuple((path.name, path.stat().st_size, path.stat().st_mtime_ns) for path in paths)
+    return _load_vocab(model_dir.resolve(), files, n_vocab, tuple(sorted(config_ids.items())))
+
+
+@functools.lru_cache(maxsize=2)
+def _load_vocab(model_dir: Path, files: tuple[tuple[str, int, int], ...], n_vocab: int,
+                config_ids: tuple[tuple[str, int], ...]) -> Vocab:
+    """load_vocab's work; `files` (name, size, modification time) only tells a changed tokenizer apart."""
     tok_json = _read_json(model_dir / "tokenizer.json")
     tok_config = _read_json(model_dir / "tokenizer_config.json") or {}
     added = list((tok_json or {}).get("added_tokens", []))
@@ -87,7 +101,7 @@ def load_vocab(model_dir: Path, n_vocab: int, config_ids: dict[str, int]) -> Voc
         tokens=tokens,
         scores=scores,
         types=[int(t) for t in types],
-        special_ids=_special_ids(tok_config, tokens, config_ids),
+        special_ids=_special_ids(tok_config, tokens, dict(config_ids)),
         add_bos=bool(tok_config.get("add_bos_token", True)),  # Gemma needs BOS; transformers 5 omits the flag
         add_eos=bool(tok_config.get("add_eos_token", False)),
         chat_template=_chat_template(model_dir, tok_config),
