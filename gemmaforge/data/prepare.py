@@ -352,12 +352,16 @@ class PairPreparer(Preparer):
             if max(len(chosen_offsets), len(rejected_offsets)) > self.cutoff_len:
                 tally.dropped["too_long"] += 1  # a pair is compared whole: neither side is cut
                 continue
-            self.lengths.append(len(chosen_offsets))
-            self.supervised.append(count_in_spans(chosen_offsets, chosen.supervised))
             line = {"messages": pair.messages[:-1], "chosen": pair.messages[-1], "rejected": pair.rejected}
-            out.write(json.dumps(line, ensure_ascii=False) + "\n")
-            tally.kept += 1
-            self.with_tools += bool(pair.messages[0].get("tools"))
+            self._keep(line, len(chosen_offsets), count_in_spans(chosen_offsets, chosen.supervised), tally, out)
+
+    def _keep(self, line: dict[str, Any], tokens: int, supervised: int, tally: Tally, out: IO[str]) -> None:
+        """Write one prepared line, counted in the stats (its first side's tokens and supervised tokens)."""
+        self.lengths.append(tokens)
+        self.supervised.append(supervised)
+        out.write(json.dumps(line, ensure_ascii=False) + "\n")
+        tally.kept += 1
+        self.with_tools += bool(line["messages"] and line["messages"][0].get("tools"))
 
 
 @dataclass
@@ -392,12 +396,8 @@ class FeedbackPreparer(PairPreparer):
             if len(token_spans) > self.cutoff_len:
                 tally.dropped["too_long"] += 1  # as a pair's sides, an answer is never cut
                 continue
-            self.lengths.append(len(token_spans))
-            self.supervised.append(count_in_spans(token_spans, r.supervised))
             line = {"messages": example.messages[:-1], "completion": example.messages[-1], "label": example.desirable}
-            out.write(json.dumps(line, ensure_ascii=False) + "\n")
-            tally.kept += 1
-            self.with_tools += bool(example.messages[0].get("tools"))
+            self._keep(line, len(token_spans), count_in_spans(token_spans, r.supervised), tally, out)
 
 
 def _dedup_text(message: Message) -> str:
