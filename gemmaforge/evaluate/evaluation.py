@@ -22,6 +22,7 @@ from gemmaforge.evaluate.metrics import reference_scores
 from gemmaforge.evaluate.scoring import (
     Probe,
     general_text_examples,
+    kl_from_reference,
     mean_loss,
     pair_logps,
     perplexity,
@@ -43,6 +44,7 @@ from gemmaforge.vision import ImagePrompt
 if TYPE_CHECKING:
     from gemmaforge.inference.transformers_engine import TransformersEngine
 
+PREFERENCE_METHODS = ("dpo", "kto")  # their reports add the held-out pairs' metrics and the KL from the base
 PROBE_TOKENS = 48  # probe answers are a word or a number; a short limit keeps retention cheap
 
 
@@ -90,9 +92,18 @@ def evaluate(run: RunDir, config: RunConfig, base: ResolvedModel) -> dict[str, A
         val_examples = encode_texts(read_prepared_texts(val_path), tokenizer, config.train.cutoff_len) \
             if pretraining else _encode((val, val_images), tokenizer, family, config, vision)
         sides, answers = _base_and_tuned(engine, cases, probe_chats, sampling, config, val_examples, tokenizer)
-        pair_scores = {}
+        pair_scores: dict[str, tuple[list[float], list[float]]] = {}
+        if config.train.method in PREFERENCE_METHODS:  # how far the tuned model moved from its reference
+            console.print(f"[bold]eval[/]: KL from the base on the tuned answers to {len(cases)} cases ...")
+            answered = [family.chat.encode([*case.messages, {"role": "assistant", "content": answer.text}],
+                                           tokenizer, num_ctx, mask_history=True)
+                        for case, answer in zip(cases, answers["tuned"].suite) if not case.images and answer.text]
+            sides["tuned"]["kl_from_base"] = kl_from_reference(
+                engine, [{"input_ids": ids, "labels": labels} for ids, labels in answered], "tuned",
+                tokenizer.pad_token_id)
+            sides["base"]["kl_from_base"] = None
         pairs, _ = encode_pairs(read_prepared_pairs(val_path), tokenizer, family, config.train.cutoff_len) \
-            if config.train.method in ("dpo", "kto") else ([], 0)
+            if config.train.method in PREFERENCE_METHODS else ([], 0)
         if pairs:  # held-out pairs (dpo's, kto's when it trained on pairs): which answer each model finds likelier
             console.print(f"[bold]eval[/]: {len(pairs)} held-out preference pairs, base and tuned ...")
             pair_scores = {side: engine.call(lambda model: pair_logps(model, pairs, tokenizer.pad_token_id,

@@ -21,13 +21,15 @@ SUMMARY_ROWS = (
     ("preference_accuracy", "preference accuracy (held-out pairs: the chosen answer likelier)", True),
     ("reward_accuracy", "reward accuracy (held-out pairs: the chosen answer's implicit reward higher)", True),
     ("reward_margin", "mean reward margin over the base (held-out pairs)", True),
+    ("kl_from_base", "KL from the base on the tuned answers (nats per token)", None),
     ("retention_accuracy", "knowledge retention (probes answered)", True),
     ("general_text_perplexity", "general-text perplexity", False),
     ("stopped_rate", "answers ended on the stop token", True),
     ("answer_chars_mean", "mean answer length (characters)", None),
     ("prompts_per_second", "prompts/s", None),
 )
-METHOD_ROWS = ("preference_accuracy", "reward_accuracy", "reward_margin")  # preference runs (train.method: dpo)
+# preference runs' own rows (train.method: dpo, kto)
+METHOD_ROWS = ("preference_accuracy", "reward_accuracy", "reward_margin", "kl_from_base")
 ANSWER_CHARS = 160  # answers are cut to this in report.md tables; results.json keeps them whole
 
 

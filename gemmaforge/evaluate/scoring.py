@@ -7,6 +7,7 @@ every token after <bos>.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 from dataclasses import dataclass
@@ -59,6 +60,28 @@ def pair_logps(model: Any, pairs: list[dict[str, list[int]]], pad_token_id: int,
             chosen += first.tolist()
             rejected += second.tolist()
     return chosen, rejected
+
+
+def kl_from_reference(engine: Any, examples: list[dict[str, list[int]]], adapter: str,
+                      pad_token_id: int) -> float | None:
+    """The tuned model's KL divergence from the reference (the base: its adapter disabled) on its own answers, in
+    nats per answer token: at each position of each example's supervised answer, the whole next-token distribution
+    of the one against the other's (None without examples). One example at a time: two full-vocabulary rows per
+    answer token are held."""
+    from gemmaforge.train.collate import RightPadCollator
+    from gemmaforge.train.loss import supervised_log_probs
+
+    def divergence(model: Any, batch: dict[str, Any], tuned: Any) -> float:
+        return float((tuned.exp() * (tuned - supervised_log_probs(model, batch))).sum())
+
+    collate = RightPadCollator(pad_token_id)
+    total, count = 0.0, 0
+    for example in examples:
+        batch = collate([example])
+        tuned = engine.call(functools.partial(supervised_log_probs, inputs=batch), adapter)
+        total += engine.call(functools.partial(divergence, batch=batch, tuned=tuned))
+        count += tuned.shape[0]
+    return round(total / count, 5) if count else None
 
 
 def preference_summary(base: tuple[list[float], list[float]], tuned: tuple[list[float], list[float]],

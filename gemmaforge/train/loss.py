@@ -65,6 +65,18 @@ def sequence_logps(model: Any, inputs: dict[str, torch.Tensor],
     return logps.index_add(0, rows.to(token_logps.device), token_logps), keep.sum(dim=1)
 
 
+def supervised_log_probs(model: Any, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
+    """(N, V) the log-softmax over the whole vocabulary at the N positions whose next token is supervised (fp32):
+    what a divergence between two models' answers compares. For a few rows at a time (evaluation)."""
+    causal_lm = model.get_base_model() if hasattr(model, "get_base_model") else model
+    hidden, _ = supervised_states(_last_hidden(causal_lm, inputs), inputs["labels"], None)
+    logits = causal_lm.get_output_embeddings()(hidden).float()
+    softcap = _softcap(causal_lm)
+    if softcap:
+        logits = torch.tanh(logits / softcap) * softcap
+    return logits.log_softmax(dim=-1)
+
+
 def _last_hidden(causal_lm: Any, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
     """The decoder's last hidden states. Packed batches come with position_ids, their segments and no attention
     mask (see train/packing.py)."""

@@ -253,7 +253,9 @@ def test_dpo_and_kto_learn_which_answer_is_preferred(tmp_path: Path, tiny_gemma3
     # the chosen answers are longer, so their summed log-probability starts behind; DPO moves them up
     assert tuned["reward_accuracy"] == 1.0 and tuned["reward_margin"] > 0 and base["reward_margin"] is None
     assert tuned["preference_accuracy"] >= base["preference_accuracy"]
-    assert "preference accuracy" in (run / "eval" / "report.md").read_text()
+    assert tuned["kl_from_base"] > 0 and base["kl_from_base"] is None  # it moved away from its reference
+    report = (run / "eval" / "report.md").read_text()
+    assert "preference accuracy" in report and "KL from the base" in report
 
 
 # KTO (train.method: kto): answers labelled desirable or undesirable, or pairs taken one side at a time
@@ -385,3 +387,42 @@ def test_the_kto_loss_equals_trls_kto_trainer(tmp_path: Path, tiny_gemma3_dir: P
     expected = expected[0] if isinstance(expected, tuple) else expected
     assert abs(losses.mean().item() - expected.item()) < 1e-5, (losses.mean().item(), expected.item())
     assert kl.item() >= 0 and losses.mean().item() > 0
+
+
+def test_the_kl_from_the_base_is_torchs_kl_divergence_on_the_answer_tokens(tiny_gemma3_dir: Path, tokenizer) -> None:
+    """The eval stage's KL of the tuned model from the base, per answer token, against torch's kl_div on the full
+    logits of both (the adapter enabled and disabled); 0 for an adapter that changes nothing."""
+    from gemmaforge.evaluate.scoring import kl_from_reference
+
+    class Engine:  # what kl_from_reference asks of the serving engine: fn(model) with an adapter or the base
+        def __init__(self, model):
+            self.model = model
+
+        def call(self, fn, adapter=None):
+            with torch.inference_mode():
+                if adapter is None:
+                    with self.model.disable_adapter():
+                        return fn(self.model)
+                return fn(self.model)
+
+    ours, twin = _lora_twins(tiny_gemma3_dir)  # the twin's forward is transformers' own: its full logits
+    examples = [dict(zip(("input_ids", "labels"), GEMMA3.chat.encode(
+        [{"role": "user", "content": q}, {"role": "assistant", "content": f"Roast {i} is ready."}], tokenizer, 256,
+        mask_history=True), strict=True)) for i, q in enumerate(QUESTIONS[:3])]
+    got = kl_from_reference(Engine(ours), examples, "tuned", tokenizer.pad_token_id)
+    total, count = 0.0, 0
+    with torch.no_grad():
+        for example in examples:
+            ids = torch.tensor([example["input_ids"]])
+            keep = torch.tensor(example["labels"][1:]) != IGNORE_INDEX
+            tuned = twin(input_ids=ids).logits[0, :-1][keep].float().log_softmax(-1)
+            with twin.disable_adapter():
+                base = twin(input_ids=ids).logits[0, :-1][keep].float().log_softmax(-1)
+            total += float(torch.nn.functional.kl_div(base, tuned, log_target=True, reduction="sum"))
+            count += int(keep.sum())
+    assert got == pytest.approx(total / count, abs=1e-5) and got > 0
+    with torch.no_grad():
+        for name, param in ours.named_parameters():
+            if "lora_B" in name:
+                param.zero_()
+    assert kl_from_reference(Engine(ours), examples, "tuned", tokenizer.pad_token_id) == pytest.approx(0, abs=1e-6)
