@@ -191,6 +191,9 @@ def train(run: RunDir, config: RunConfig, base: ResolvedModel) -> dict[str, Any]
     finally:
         trainer.monitor.stop()
     runtime = time.perf_counter() - start
+    # the training loop's peak, read before what follows it (the last evaluation, drawing the loss curve) can raise
+    # the process's high-water mark on the CPU: what the memory plan is compared with
+    training_peak = peak_memory_bytes()
     findings = slow_steps(clock, trainer.padding_share, config, base, family, model.dtype)
     for line in findings:
         console.print(f"[yellow]train: slow steps[/]: {escape(line)}")
@@ -231,7 +234,7 @@ def train(run: RunDir, config: RunConfig, base: ResolvedModel) -> dict[str, Any]
         "train_runtime_s": round(runtime, 2),  # the training loop; the stage's runtime_s includes loading
         "samples_per_second": round(examples / runtime, 3),
         "supervised_tokens_per_second": round(supervised / runtime, 1),
-        "peak_memory_bytes": peak_memory_bytes(),
+        "peak_memory_bytes": training_peak,
         "planned_peak_bytes": plan.peak_bytes if plan else None,
         "planned_parts": plan.parts if plan else None,
         "model_state_bytes": rank_model_state(model, trainer.optimizer),  # this rank's, against the planned parts
