@@ -4,8 +4,9 @@
 
 Each config LoRA-trains the embedded Gemma 3 270M for --steps optimizer steps through the real CLI, in its own
 process. `train` plans its memory right before the model loads (the same plan `gemmaforge plan` prints) and
-records it in the manifest beside the measured peak: on the CPU the process's peak resident memory (ru_maxrss,
-everything the process ever held, loading included), on a GPU torch's max_memory_allocated. The table gives
+records it in the manifest beside the measured peak: on the CPU the process's peak resident memory up to the end of
+the training loop (ru_maxrss, everything the process held, loading included), on a GPU torch's
+max_memory_allocated. The table gives
 both and the error (planned / measured - 1); the planner's target is within +-20% on every row.
 
 Rows are full (the planner plans for full rows of cutoff_len tokens, the worst batch): packing fills rows from
