@@ -72,7 +72,7 @@ class CleanConfig(Section):
 Formatting = Literal["alpaca", "sharegpt", "openai"]
 FORMATTINGS: tuple[Formatting, ...] = get_args(Formatting)
 # The training methods recipe/ has (recipe/trainer.METHODS holds each one's parts)
-Method = Literal["sft", "pt", "dpo", "kto"]
+Method = Literal["sft", "pt", "dpo", "kto", "rm"]
 # Preference losses (train.pref_loss, LLaMA-Factory's names): sigmoid (DPO), hinge, ipo against a reference model;
 # orpo and simpo need none
 PrefLoss = Literal["sigmoid", "hinge", "ipo", "orpo", "simpo"]
@@ -169,7 +169,9 @@ class TrainConfig(Section):
                            "(the loss on what the model writes); pt, continued pretraining on raw text (the loss on "
                            "every token, each text cut into rows of cutoff_len); dpo, preference tuning on pairs of "
                            "a chosen and a rejected answer (train.pref_loss); kto, on answers labelled desirable "
-                           "or undesirable (or on pairs, each side one answer)")
+                           "or undesirable (or on pairs, each side one answer); rm, a reward model: a score head "
+                           "on the last token, trained on the same pairs to rank the chosen answer above the "
+                           "rejected one, merged into a sequence classifier")
     pref_loss: PrefLoss = Field("sigmoid", description="dpo: sigmoid (DPO), hinge, ipo (against the reference: the "
                                 "model before this run's adapter), orpo or simpo (no reference)")
     pref_beta: float = Field(0.1, gt=0, description="dpo and kto: how far the tuned model may move from the "

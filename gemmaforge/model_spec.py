@@ -30,19 +30,25 @@ class Architecture:
     # the image path, which training may adapt (lora.freeze_vision_tower / lora.freeze_multi_modal_projector)
     vision_tower: str | None = None
     vision_projector: str | None = None
+    # transformers' sequence classifier over the same modules plus a `score` head: what a reward model (train.method
+    # rm) is merged into; None where transformers has none (Gemma 4)
+    sequence_classifier: str | None = None
 
 
 ARCHITECTURES: dict[str, Architecture] = {
     a.name: a
     for a in (
-        Architecture("GemmaForCausalLM", "Gemma 1 (2B, 7B)", "model"),
-        Architecture("Gemma2ForCausalLM", "Gemma 2 (2B, 9B, 27B)", "model"),
-        Architecture("Gemma3ForCausalLM", "Gemma 3 text (270M, 1B)", "model"),
+        Architecture("GemmaForCausalLM", "Gemma 1 (2B, 7B)", "model",
+                     sequence_classifier="GemmaForSequenceClassification"),
+        Architecture("Gemma2ForCausalLM", "Gemma 2 (2B, 9B, 27B)", "model",
+                     sequence_classifier="Gemma2ForSequenceClassification"),
+        Architecture("Gemma3ForCausalLM", "Gemma 3 text (270M, 1B)", "model",
+                     sequence_classifier="Gemma3TextForSequenceClassification"),
         Architecture("Gemma4ForCausalLM", "Gemma 4 text", "model"),
         # transformers' modeling_gemma3.py: Gemma3Model holds vision_tower, multi_modal_projector, language_model
         Architecture("Gemma3ForConditionalGeneration", "Gemma 3 multimodal (4B, 12B, 27B)", "model.language_model",
                      ("model.vision_tower", "model.multi_modal_projector"), "model.vision_tower",
-                     "model.multi_modal_projector"),
+                     "model.multi_modal_projector", "Gemma3ForSequenceClassification"),
         # modeling_gemma4.py: Gemma4Model holds vision_tower, audio_tower, embed_vision, embed_audio, language_model
         Architecture("Gemma4ForConditionalGeneration", "Gemma 4 (E2B, E4B, 26B-A4B, 31B)", "model.language_model",
                      ("model.vision_tower", "model.audio_tower", "model.embed_vision", "model.embed_audio"),
@@ -175,3 +181,14 @@ def text_weight_name(spec: ModelSpec, hf_name: str) -> str | None:
     if "language_model." in hf_name:
         return hf_name.replace("language_model.", "", 1)
     return hf_name if hf_name == "lm_head.weight" else None
+
+
+def reward_classifier(spec: ModelSpec) -> str:
+    """The sequence classifier a reward model (train.method: rm) of this checkpoint is merged into; UserError where
+    transformers has none (the run could train, but what it trained could not be loaded as a scorer)."""
+    architecture = spec.architecture
+    if architecture.sequence_classifier is None:
+        raise UserError(f"train.method: rm: {architecture.name} ({architecture.kind}) has no sequence classifier in "
+                        "transformers, so its reward model could not be saved as one; a reward model trains on "
+                        "Gemma 1, Gemma 2 and Gemma 3 (text and multimodal)")
+    return architecture.sequence_classifier

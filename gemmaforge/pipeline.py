@@ -229,6 +229,11 @@ def run_all(config: RunConfig, home: Path) -> RunDir:
         processor_config(base.path)
     stage_data(run, config, base)
     stage_train(run, config, base)
+    if config.train.method == "rm":  # a scorer: merged into a sequence classifier, nothing for llama.cpp or Ollama
+        if config.eval.enabled:
+            stage_eval(run, config, base)
+        stage_merge(run, base)
+        return run
     evaluate_gguf = config.eval.enabled and config.eval.engine == "llamacpp"
     if config.eval.enabled and not evaluate_gguf:
         stage_eval(run, config, base)

@@ -214,6 +214,14 @@ class RunDir:
 # ---------------------------------------------------------------------------- atomic writes
 
 
+def refuse_reward_model(run: RunDir, config: RunConfig, what: str) -> None:
+    """UserError when the run trained a reward model, for `what` (a verb) that needs a model that writes text."""
+    if config.train.method == "rm":
+        raise UserError(f"{run.root}: a reward model (train.method: rm) scores answers and writes none, so {what} "
+                        f"does not apply: `gemmaforge merge {run.root}` writes it as a sequence classifier "
+                        "(transformers' AutoModelForSequenceClassification), its deployable form")
+
+
 def ollama_model_name(config: RunConfig) -> str:
     """The name a run's model is created under in Ollama and served by: export.ollama.name, else the run
     directory's name."""

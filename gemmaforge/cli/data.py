@@ -61,7 +61,8 @@ def add(verbs: Verbs) -> None:
     p.add_argument("--method", choices=METHODS, default="sft",
                    help="the training method the data is for: sft (conversations, the default), pt (raw text "
                         "for continued pretraining: a text column, .txt lines, or each record's first prompt), dpo "
-                        "(preference pairs) or kto (answers labelled desirable or not, and pairs)")
+                        "(preference pairs), kto (answers labelled desirable or not, and pairs) or rm (preference "
+                        "pairs, for a reward model)")
     p.add_argument("-o", "--output", type=Path, help="output folder (default: prepared/<input name>)")
     p.add_argument("overrides", nargs="*", metavar="key=value",
                    help="data config keys, e.g. clean.dedup=near clean.overlong=truncate mask_history=true")

@@ -13,7 +13,7 @@ from gemmaforge.config import GGUF_QUANTS, ExportConfig, RunConfig, Split, read_
 from gemmaforge.console import console, escape
 from gemmaforge.errors import UserError
 from gemmaforge.models import ResolvedModel, resolve_model
-from gemmaforge.runs import RunDir
+from gemmaforge.runs import RunDir, refuse_reward_model
 from gemmaforge.units import parse_decimal_size
 
 
@@ -120,7 +120,7 @@ def export_gguf(args: argparse.Namespace, home: Path) -> int:
         pipeline.export_checkpoint_gguf(args.run_dir, args.quant or ["f16"], args.output,
                                         split_from(ExportConfig(), args))
         return 0
-    run, config, base = _open(args.run_dir, home)
+    run, config, base = _open(args.run_dir, home, "export gguf")
     if args.adapter:
         pipeline.stage_export_adapter(run, base)
     else:
@@ -130,19 +130,19 @@ def export_gguf(args: argparse.Namespace, home: Path) -> int:
 
 
 def export_verify(args: argparse.Namespace, home: Path) -> int:
-    run, _, base = _open(args.run_dir, home)
+    run, _, base = _open(args.run_dir, home, "export verify")
     pipeline.stage_export_verify(run, base)
     return 0
 
 
 def export_vllm(args: argparse.Namespace, home: Path) -> int:
-    run, config, base = _open(args.run_dir, home)
+    run, config, base = _open(args.run_dir, home, "export vllm")
     pipeline.stage_export_vllm(run, config, base, adapter=args.adapter)
     return 0
 
 
 def export_ollama(args: argparse.Namespace, home: Path) -> int:
-    run, config, base = _open(args.run_dir, home)
+    run, config, base = _open(args.run_dir, home, "export ollama")
     pipeline.stage_export_ollama(run, config, base, create=args.create, adapter=args.adapter)
     return 0
 
@@ -159,7 +159,10 @@ def is_checkpoint(path: Path) -> bool:
     return (path / "config.json").is_file() and not (path / "run.yaml").is_file()
 
 
-def _open(run_dir: Path, home: Path) -> tuple[RunDir, RunConfig, ResolvedModel]:
+def _open(run_dir: Path, home: Path, verb: str | None = None) -> tuple[RunDir, RunConfig, ResolvedModel]:
+    """The run, its config and base; for `verb`, an export of a model that writes text (never a reward model)."""
     run = RunDir.open(run_dir)
     config = run.config()
+    if verb is not None:
+        refuse_reward_model(run, config, f"`{verb}`")
     return run, config, pipeline.base_model(run, config, home)

@@ -33,7 +33,7 @@ SECTIONS = ("model", "data", "lora", "train", "eval", "export")
 # 270M/1B, gemma3 with Gemma 3 4B+, gemma4 with 26B-A4B/31B, gemma4n with E2B/E4B/12B). gemma, gemma2 and gemma3
 # write the same <start_of_turn> turns (they differ in stop words and image plugin), gemma4 and gemma4n <|turn>.
 # LLaMA-Factory's stages that are gemmaforge methods (train.method, the same names; config.METHODS: checked equal)
-STAGES = ("sft", "pt", "dpo", "kto")
+STAGES = ("sft", "pt", "dpo", "kto", "rm")
 _TURNS = ("gemma", "gemma2", "gemma3")
 TEMPLATES = {"gemma": _TURNS, "gemma2": _TURNS, "gemma3": _TURNS, "gemma4": ("gemma4",), "gemma4n": ("gemma4",)}
 NOT_YET = {"gemma3n": "Gemma 3n checkpoints are not supported yet"}
@@ -107,9 +107,10 @@ def _target(value: Any, key: str, t: Translation) -> Any:
 
 def _stage(value: Any, key: str, t: Translation) -> str:
     if value not in STAGES:
-        what = {"rm": "reward modelling", "ppo": "PPO"}.get(value, repr(value))
+        what = {"ppo": "PPO"}.get(value, repr(value))
         raise UserError(f"{key}: {value}: gemmaforge trains supervised fine-tuning (stage: sft), continued "
-                        f"pretraining (stage: pt) and preference tuning (stage: dpo or kto), not {what} yet")
+                        f"pretraining (stage: pt), preference tuning (stage: dpo or kto) and reward models (stage: "
+                        f"rm), not {what} yet")
     return str(value)
 
 

@@ -194,8 +194,8 @@ def to_pair(record: Any, schema: Schema, where: str,
     if not isinstance(record, dict):
         raise UserError(f"{where}: expected a JSON object, got {type(record).__name__}")
     if not schema.ranking:
-        raise UserError(f"{where}: train.method: dpo trains on preference pairs, records with a chosen and a rejected "
-                        "answer (TRL's prompt/chosen/rejected, LLaMA-Factory's ranking datasets); this one is "
+        raise UserError(f"{where}: train.method: dpo (and rm) trains on preference pairs, records with a chosen and a "
+                        "rejected answer (TRL's prompt/chosen/rejected, LLaMA-Factory's ranking datasets); this one is "
                         f"{schema.describe()}")
     assert schema.chosen is not None and schema.rejected is not None
     for key in (schema.chosen, schema.rejected):
@@ -244,8 +244,8 @@ def to_messages(record: Any, schema: Schema, where: str, default_system: str | N
         raise UserError(f"{where}: a record of raw text (a `{TEXT_COLUMN}` column or a .txt line) has no answer to "
                         "fine-tune on; train it with train.method: pt (continued pretraining)")
     if schema.ranking:
-        raise UserError(f"{where}: a preference pair (a chosen and a rejected answer) trains with train.method: dpo "
-                        "or kto")
+        raise UserError(f"{where}: a preference pair (a chosen and a rejected answer) trains with train.method: dpo, "
+                        "kto or rm")
     if schema.kto_tag is not None:
         raise UserError(f"{where}: an answer labelled desirable or undesirable (column '{schema.kto_tag}') trains "
                         "with train.method: kto")

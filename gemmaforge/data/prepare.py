@@ -303,7 +303,7 @@ class PairExample(Example):
 
 
 class PairPreparer(Preparer):
-    """Preference tuning's data (train.method: dpo): each record's prompt and its chosen and rejected answers,
+    """Preference tuning's data (train.method: dpo, and rm's): each record's prompt and its chosen and rejected answers,
     cleaned and deduplicated as conversations are, both sides within cutoff_len; written as
     {"messages": prompt, "chosen": answer, "rejected": answer}."""
 
@@ -438,7 +438,8 @@ def prepare_data(
     temps = {name: out_dir / f".{name}.{os.getpid()}.tmp" for name in ("all", "train", "val")}
     try:
         with _progress_bar(sum(p.stat().st_size for p in files)) as advance:
-            kind = {"pt": TextPreparer, "dpo": PairPreparer, "kto": FeedbackPreparer}.get(method, Preparer)
+            kind = {"pt": TextPreparer, "dpo": PairPreparer, "rm": PairPreparer,
+                    "kto": FeedbackPreparer}.get(method, Preparer)
             preparer = kind(config, tokenizer, family, cutoff_len, advance, Vision(*vision, out_dir / IMAGES_DIR))
             with temps["all"].open("w", encoding="utf-8") as out:
                 tallies = [preparer.run(spec, out, seed) for spec in train_specs]
@@ -596,8 +597,8 @@ def read_prepared(path: Path) -> list[list[Message]]:
 
 
 def read_prepared_pairs(path: Path) -> list[tuple[list[Message], Message, Message]]:
-    """The prompts and their chosen and rejected answers of a split prepared for train.method: dpo (or kto, whose
-    labelled answers are left out)."""
+    """The prompts and their chosen and rejected answers of a split prepared for train.method: dpo or rm (or kto,
+    whose labelled answers are left out)."""
     rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line]
     if any("chosen" not in row and "label" not in row for row in rows):
         raise UserError(f"{path} holds no preference pairs: prepare the data again for train.method: dpo")

@@ -19,6 +19,7 @@ from gemmaforge.data.prepare import read_prepared, read_prepared_images, read_pr
 from gemmaforge.errors import UserError
 from gemmaforge.evaluate.generate import EngineGenerator, Generation, Sampling, prompt_ids
 from gemmaforge.evaluate.metrics import reference_scores
+from gemmaforge.evaluate.reward_eval import evaluate_reward_model
 from gemmaforge.evaluate.scoring import (
     Probe,
     general_text_examples,
@@ -62,6 +63,8 @@ def evaluate(run: RunDir, config: RunConfig, base: ResolvedModel) -> dict[str, A
     from gemmaforge.inference.llamacpp_engine import LlamaCppEngine
     from gemmaforge.inference.transformers_engine import TransformersEngine
 
+    if config.train.method == "rm":  # it scores answers and writes none
+        return evaluate_reward_model(run, config, base)
     ec = config.eval
     adapter = run.require(run.adapter_dir / "adapter_config.json", "train").parent
     val_path = run.require(run.data_dir / "val.jsonl", "data")

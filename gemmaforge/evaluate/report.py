@@ -19,8 +19,8 @@ SUMMARY_ROWS = (
     ("eval_loss", "eval loss (val split)", False),
     ("perplexity", "perplexity (val split)", False),
     ("preference_accuracy", "preference accuracy (held-out pairs: the chosen answer likelier)", True),
-    ("reward_accuracy", "reward accuracy (held-out pairs: the chosen answer's implicit reward higher)", True),
-    ("reward_margin", "mean reward margin over the base (held-out pairs)", True),
+    ("reward_accuracy", "reward accuracy (held-out pairs: the chosen answer's reward higher)", True),
+    ("reward_margin", "mean reward margin, chosen over rejected (held-out pairs)", True),
     ("kl_from_base", "KL from the base on the tuned answers (nats per token)", None),
     ("retention_accuracy", "knowledge retention (probes answered)", True),
     ("general_text_perplexity", "general-text perplexity", False),
@@ -28,7 +28,7 @@ SUMMARY_ROWS = (
     ("answer_chars_mean", "mean answer length (characters)", None),
     ("prompts_per_second", "prompts/s", None),
 )
-# preference runs' own rows (train.method: dpo, kto)
+# preference runs' own rows (train.method: dpo, kto; a reward model's: rm)
 METHOD_ROWS = ("preference_accuracy", "reward_accuracy", "reward_margin", "kl_from_base")
 ANSWER_CHARS = 160  # answers are cut to this in report.md tables; results.json keeps them whole
 
@@ -77,14 +77,17 @@ def _cell(text: str | None) -> str:
 
 def markdown(results: dict[str, Any]) -> str:
     suite = results["suite"]
+    intro = (f"A reward model: {suite['pairs']} held-out preference pairs scored (it writes no answers: no suite, "
+             "no retention probes; the model before training has no score head)." if "pairs" in suite else
+             f"Suite: {suite['source']}: {suite['cases']} cases, {suite['with_checks']} with checks, "
+             f"{suite['with_reference']} with a reference answer. Tuned answers from: "
+             f"{'the exported GGUF (llama.cpp)' if results['engine'] == 'llamacpp' else 'the adapter (transformers)'}; "
+             f"{'sampled' if results['sampling']['do_sample'] else 'greedy'}, at most "
+             f"{results['sampling']['max_new_tokens']} new tokens.")
     lines = [
         "# Evaluation: base vs tuned",
         "",
-        f"Suite: {suite['source']}: {suite['cases']} cases, {suite['with_checks']} with checks, "
-        f"{suite['with_reference']} with a reference answer. Tuned answers from: "
-        f"{'the exported GGUF (llama.cpp)' if results['engine'] == 'llamacpp' else 'the adapter (transformers)'}; "
-        f"{'sampled' if results['sampling']['do_sample'] else 'greedy'}, at most "
-        f"{results['sampling']['max_new_tokens']} new tokens.",
+        intro,
         "",
         "| metric | base | tuned | |",
         "|---|---|---|---|",

@@ -12,9 +12,10 @@ from typing import Any
 
 from gemmaforge.errors import UserError
 from gemmaforge.export.merge_in_place import merge_into_copy
-from gemmaforge.model_spec import ModelSpec
+from gemmaforge.model_spec import ModelSpec, reward_classifier
 from gemmaforge.models import ResolvedModel, load_tokenizer
 from gemmaforge.runs import RunDir, atomic_dir
+from gemmaforge.train.reward_head import REWARD_HEAD
 
 # What a multimodal checkpoint's processor reads beside the tokenizer (image and audio preprocessing): copied
 # unchanged, so AutoProcessor loads the merged folder as it loads the base. Its chat template is not among
@@ -42,16 +43,28 @@ def merge_adapter(adapter: Path, base: ResolvedModel, target: Path) -> dict[str,
     # the adapter's tokenizer when it saved one (a run's, LLaMA-Factory's output_dir), else the base's
     tokenizer = load_tokenizer(adapter if (adapter / "tokenizer_config.json").is_file() else base.path)
     tokenizer.chat_template = base.family.chat.jinja()
+    classifier = reward_head_classifier(adapter, base.spec)
     with atomic_dir(target) as tmp:
-        counts = merge_into_copy(base.path, adapter, getattr(transformers, base.spec.architecture.name),
-                                 base_dtype(base.spec), tmp)
-        _write_json(tmp / "config.json", {k: v for k, v in config.items() if k not in _LOAD_TIME_CONFIG_KEYS})
+        counts = merge_into_copy(base.path, adapter, getattr(transformers, classifier or base.spec.architecture.name),
+                                 base_dtype(base.spec), tmp, num_labels=1 if classifier else None)
+        config = {k: v for k, v in config.items() if k not in _LOAD_TIME_CONFIG_KEYS}
+        if classifier:  # one score per sequence, read at its last token that is not padding
+            config.update(architectures=[classifier], id2label={"0": "LABEL_0"}, label2id={"LABEL_0": 0})
+            config.setdefault("pad_token_id", tokenizer.pad_token_id)
+        _write_json(tmp / "config.json", config)
         _generation_config(base, tokenizer).save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
         for name in PROCESSOR_FILES:
             if (base.path / name).is_file():
                 shutil.copyfile(base.path / name, tmp / name)
-    return {"path": str(target), "dtype": base.spec.dtype, **counts}
+    return {"path": str(target), "dtype": base.spec.dtype, **counts,
+            **({"sequence_classifier": classifier} if classifier else {})}
+
+
+def reward_head_classifier(adapter: Path, spec: ModelSpec) -> str | None:
+    """The sequence classifier an adapter with a reward model's score head merges into (None for any other)."""
+    saved = json.loads((adapter / "adapter_config.json").read_text(encoding="utf-8")).get("modules_to_save") or []
+    return reward_classifier(spec) if REWARD_HEAD in saved else None
 
 
 def _generation_config(base: ResolvedModel, tokenizer: Any) -> Any:

@@ -36,23 +36,25 @@ class _Group:
     params: dict[int, Any] = field(default_factory=dict)  # id -> the meta parameter standing for a base weight
 
 
-def merge_into_copy(base_dir: Path, adapter_dir: Path, model_class: Any, dtype: Any, target: Path) -> dict[str, int]:
+def merge_into_copy(base_dir: Path, adapter_dir: Path, model_class: Any, dtype: Any, target: Path,
+                    num_labels: int | None = None) -> dict[str, int]:
     """Copy `base_dir`'s safetensors files (and index) into `target` with `adapter_dir` merged into them;
-    `model_class` and `dtype` as the base is loaded for training. Returns the model's parameter count and the
-    number of stored tensors rewritten."""
+    `model_class` and `dtype` as the base is loaded for training (a sequence classifier: with `num_labels`). A module
+    trained whole that the base does not store (a reward model's score head) is written to a file of its own, which
+    the index names. Returns the model's parameter count and the number of stored tensors rewritten or added."""
     import torch
 
     stored = weight_files(base_dir)
     files = sorted(set(stored.values()))
-    model, names = _adapted_meta_model(base_dir, adapter_dir, model_class, dtype)
+    model, names = _adapted_meta_model(base_dir, adapter_dir, model_class, dtype, num_labels)
     groups = _groups(model, names)
-    located = _locate(stored, model, groups, names)
+    located, new = _locate(stored, model, groups, names)
     for path in files:
         shutil.copyfile(path, target / path.name)
     if (base_dir / INDEX).is_file():
         shutil.copyfile(base_dir / INDEX, target / INDEX)
     written = 0
-    for group in groups:
+    for group in (g for g in groups if not g.params.keys() & new):
         keys = {pid: located[pid] for pid in group.params}
         owners = _owners(model, group.params)
         stored_dtypes = {}
@@ -68,24 +70,35 @@ def merge_into_copy(base_dir: Path, adapter_dir: Path, model_class: Any, dtype: 
         for pid in keys:  # back to meta: the group's memory goes before the next one is read
             _bind(owners[pid], torch.empty_like(group.params[pid], device="meta"))
         return_freed_memory()
+    if new:
+        added = {names[pid][0]: _value(_owners(model, {pid: None})[pid], group.tuners).to(dtype).contiguous()
+                 for group in groups for pid in group.params if pid in new}
+        _add_tensors(target, added, stored)
+        written += len(added)
     return {"parameters": sum(p.numel() for p in model.get_base_model().parameters()), "tensors_merged": written}
 
 
-def _adapted_meta_model(base_dir: Path, adapter_dir: Path, model_class: Any, dtype: Any) -> tuple[Any, dict]:
+def _adapted_meta_model(base_dir: Path, adapter_dir: Path, model_class: Any, dtype: Any,
+                        num_labels: int | None = None) -> tuple[Any, dict]:
     """The base built on the meta device with the adapter attached and its weights loaded for real, and the
     module-space names of every base parameter (tied ones have several)."""
     import torch
-    from peft import PeftModel
+    from peft import PeftConfig, PeftModel
     from peft.utils import load_peft_weights, set_peft_model_state_dict
     from transformers import AutoConfig
 
     config = AutoConfig.from_pretrained(base_dir)
+    if num_labels is not None:
+        config.num_labels = num_labels
     with torch.device("meta"):
         base = model_class._from_config(config, dtype=dtype)
     names: dict[int, list[str]] = {}
     for name, param in base.named_parameters(remove_duplicate=False):
         names.setdefault(id(param), []).append(name)
-    model = PeftModel.from_pretrained(base, adapter_dir, low_cpu_mem_usage=True)
+    adapter_config = PeftConfig.from_pretrained(str(adapter_dir))
+    if num_labels is not None:  # a causal LM's adapter on a sequence classifier: no generation to wrap
+        adapter_config.task_type = None
+    model = PeftModel.from_pretrained(base, adapter_dir, config=adapter_config, low_cpu_mem_usage=True)
     # PEFT leaves the adapter on its base layers' device (meta here): give it real storage, then its values.
     for module in model.modules():
         for attr, param in list(module._parameters.items()):
@@ -130,10 +143,12 @@ def _groups(model: Any, names: dict[int, list[str]]) -> list[_Group]:
 
 
 def _locate(files: dict[str, Path], model: Any, groups: list[_Group],
-            names: dict[int, list[str]]) -> dict[int, tuple[Path, str]]:
-    """Where each adapted base weight is stored: (file, key), from the checkpoint's key -> file map. Checkpoint
-    keys are mapped to module names by transformers' own load-time renamings (the Hub's `language_model.model.*`
-    is `model.language_model.*`)."""
+            names: dict[int, list[str]]) -> tuple[dict[int, tuple[Path, str]], set[int]]:
+    """Where each adapted base weight is stored: (file, key), from the checkpoint's key -> file map; and the weights
+    of modules trained whole that the checkpoint does not store (new ones: a reward model's head). Checkpoint keys
+    are mapped to module names by transformers' own load-time renamings (the Hub's `language_model.model.*` is
+    `model.language_model.*`)."""
+    from peft.utils.other import ModulesToSaveWrapper
     from transformers.conversion_mapping import get_model_conversion_mapping
     from transformers.core_model_loading import WeightConverter, WeightRenaming, rename_source_key
 
@@ -147,14 +162,35 @@ def _locate(files: dict[str, Path], model: Any, groups: list[_Group],
         module_key, converted = rename_source_key(key, renamings, converters, base.base_model_prefix, meta_state)
         stored[module_key] = (path, key) if converted is None else (path, "")
     located: dict[int, tuple[Path, str]] = {}
+    new: set[int] = set()
     for group in groups:
         for pid in group.params:
             found = [stored[name] for name in names[pid] if name in stored]
+            if not found and all(isinstance(tuner, ModulesToSaveWrapper) for tuner in group.tuners):
+                new.add(pid)
+                continue
             if not found or not found[0][1]:
                 raise UserError(f"the adapter changes {names[pid][0]}, which the checkpoint does not store "
                                 "as one tensor: this checkpoint cannot be merged in place")
             located[pid] = found[0]
-    return located
+    return located, new
+
+
+def _add_tensors(target: Path, tensors: dict[str, Any], stored: dict[str, Path]) -> None:
+    """`tensors` in a file of their own in `target`, named by the index (transformers reads a lone
+    model.safetensors before any index: a base stored whole becomes the first of two shards)."""
+    from safetensors.torch import save_file
+
+    index_path = target / INDEX
+    if index_path.is_file():
+        index, added = json.loads(index_path.read_text(encoding="utf-8")), "model-trained-modules.safetensors"
+    else:
+        first, added = "model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"
+        (target / "model.safetensors").rename(target / first)
+        index = {"metadata": {}, "weight_map": dict.fromkeys(stored, first)}
+    save_file(tensors, target / added, metadata={"format": "pt"})
+    index["weight_map"].update(dict.fromkeys(tensors, added))
+    index_path.write_text(json.dumps(index, indent=2) + "\n", encoding="utf-8")
 
 
 def _owners(model: Any, params: dict[int, Any]) -> dict[int, list[tuple[Any, str]]]:

@@ -68,7 +68,7 @@ def dpo_datasets(run: RunDir, config: RunConfig, tokenizer: Any, base: ResolvedM
 
 def preference_datasets(config: RunConfig, train: list[Any], val: list[Any], dropped: int, collator: Any,
                         what: str) -> Datasets:
-    """What dpo and kto hand the skeleton: their encoded splits, batched by `collator` (`what`: the training
+    """What dpo, kto and rm hand the skeleton: their encoded splits, batched by `collator` (`what`: the training
     examples, as the console names them), with the settings of train.pref_* and train.kto_*."""
     t = config.train
     if not train:
@@ -79,9 +79,9 @@ def preference_datasets(config: RunConfig, train: list[Any], val: list[Any], dro
     if t.packing:  # the rows of a batch are compared with one another: padded batches
         config = config.model_copy(deep=True)
         config.train.packing = False
-    console.print(f"[bold]train[/]: {what} (beta {t.pref_beta}"
+    console.print(f"[bold]train[/]: {what}" + ("" if t.method == "rm" else f" (beta {t.pref_beta}"
                   + (f", simpo_gamma {t.simpo_gamma}" if t.method == "dpo" and t.pref_loss == "simpo" else "")
-                  + (f", pref_ftx {t.pref_ftx}" if t.pref_ftx else "") + ")")
+                  + (f", pref_ftx {t.pref_ftx}" if t.pref_ftx else "") + ")"))
     settings = PreferenceSettings(t.pref_loss, t.pref_beta, t.pref_ftx, t.simpo_gamma, t.kto_chosen_weight,
                                   t.kto_rejected_weight)
     return Datasets(train, val, collator, examples=len(train), dropped=dropped, max_images=0, config=config,

@@ -17,6 +17,7 @@ from gemmaforge.recipe.dpo import DPO
 from gemmaforge.recipe.kto import KTO
 from gemmaforge.recipe.method import Method
 from gemmaforge.recipe.pt import PT
+from gemmaforge.recipe.rm import RM
 from gemmaforge.recipe.sft import SFT
 from gemmaforge.recipe.troubleshoot import (
     StepClock,
@@ -52,7 +53,7 @@ from gemmaforge.train.wrapping import build_peft_model, lora_targets
 from gemmaforge.units import gib
 from gemmaforge.vision import ImagePrompt
 
-METHODS: dict[str, Method] = {method.name: method for method in (SFT, PT, DPO, KTO)}
+METHODS: dict[str, Method] = {method.name: method for method in (SFT, PT, DPO, KTO, RM)}
 
 
 def training_arguments(config: RunConfig, run: RunDir, precision: str, has_val: bool) -> Any:

@@ -148,10 +148,11 @@ class Registry:
                                      parent=engine.base_name), adapter_dir=adapter_dir)
 
     def _add_run(self, root: Path, engine: str, name: str | None, adapter_dir: Path | None = None) -> Served:
-        from gemmaforge.runs import RunDir, ollama_model_name
+        from gemmaforge.runs import RunDir, ollama_model_name, refuse_reward_model
 
         run = RunDir.open(root)
         config = run.config()
+        refuse_reward_model(run, config, "serving it")
         name = self._free(check_name(name or ollama_model_name(config)))
         o = config.export.ollama
         options = {"temperature": o.temperature, "top_p": o.top_p, "top_k": o.top_k, "num_ctx": o.num_ctx}

@@ -23,6 +23,7 @@ from gemmaforge.chat.conversation import IGNORE_INDEX
 from gemmaforge.system.memory import peak_memory_bytes
 from gemmaforge.system.monitor import DeviceMonitor
 from gemmaforge.train.linear_cross_entropy import linear_cross_entropy
+from gemmaforge.train.reward_head import REWARD_HEAD, pooled_rewards
 from gemmaforge.train.trainer_shims import ShimmedTrainer
 
 
@@ -63,6 +64,13 @@ def sequence_logps(model: Any, inputs: dict[str, torch.Tensor],
     token_logps = -token_losses
     logps = torch.zeros(labels.shape[0], dtype=torch.float32, device=token_logps.device)
     return logps.index_add(0, rows.to(token_logps.device), token_logps), keep.sum(dim=1)
+
+
+def sequence_rewards(model: Any, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
+    """(B,) a reward model's score of each (right-padded) row: its head on the last attended position; the output
+    layer never runs."""
+    causal_lm = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return pooled_rewards(getattr(causal_lm, REWARD_HEAD), _last_hidden(causal_lm, inputs), inputs["attention_mask"])
 
 
 def supervised_log_probs(model: Any, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
@@ -148,6 +156,13 @@ class SequenceLogps(ModelOutput):
     counts: torch.Tensor | None = None
 
 
+@dataclass
+class SequenceRewards(ModelOutput):
+    """What the installed forward returns when asked for `rewards`: see `sequence_rewards`."""
+
+    rewards: torch.Tensor | None = None
+
+
 def install_supervised_forward(model: Any, chunk_size: int) -> None:
     """Make the causal LM's own forward return `supervised_loss` (and no logits). The Trainer then calls
     the top-level model as usual, so wrappers around it (PEFT, DistributedDataParallel, whose forward
@@ -163,6 +178,8 @@ def install_supervised_forward(model: Any, chunk_size: int) -> None:
                       else {"attention_mask": attention_mask, **{k: extra.get(k) for k in IMAGE_INPUTS}})
         if extra.get("sequence_logps"):  # a preference method's forward: each row's log-probability
             return SequenceLogps(*sequence_logps(self, inputs, chunk_size))
+        if extra.get("rewards"):  # a reward model's forward: each row's score
+            return SequenceRewards(sequence_rewards(self, inputs))
         return CausalLMOutputWithPast(loss=supervised_loss(self, inputs, num_items_in_batch, chunk_size))
 
     causal_lm.forward = types.MethodType(forward, causal_lm)

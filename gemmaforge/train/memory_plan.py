@@ -56,7 +56,7 @@ CPU_HEAP_SHARE = {(True, False): 0.5, (True, True): 0.3, (False, False): 0.2, (F
 # Rows trained per example: a DPO pair is its chosen and its rejected row, both kept for backward. The reference
 # passes (and KTO's mismatched rows) run without gradient: they hold one layer's activations at a time, less than
 # a layer's backward, so they add nothing to the peak.
-ROWS_PER_EXAMPLE = {"dpo": 2}
+ROWS_PER_EXAMPLE = {"dpo": 2, "rm": 2}
 
 
 @dataclass(frozen=True)
@@ -147,7 +147,8 @@ class Planner:
             **self.model_state(ranks or self.ranks, strategy or self.strategy),
             "activations": round(self.profile.total(tokens, cutoff, checkpointing)),
             "backward": round(layer * (2 if checkpointing else 1)),
-            "logits": chunk * self.counts.vocab_size * self.logit_bytes,
+            # a reward model never runs the output layer: its head reads one position per row
+            "logits": 0 if self.config.train.method == "rm" else chunk * self.counts.vocab_size * self.logit_bytes,
         }
         if self.picture_bytes:
             parts["vision"] = round(batch * self.pictures * self.picture_bytes)

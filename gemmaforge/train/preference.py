@@ -9,6 +9,10 @@ KTO (train.method: kto) scores answers one at a time, each labelled desirable or
 the KL divergence of the tuned model from the reference, estimated on mismatched answers (each prompt with another
 example's answer) as TRL's KTOTrainer estimates it; tests/unit/test_preference.py checks it against TRL's KTOTrainer.
 
+A reward model (train.method: rm) scores each answer with a head on its last token and learns to rank the chosen
+answer of a pair above the rejected one (TRL's RewardTrainer loss); tests/unit/test_preference.py checks it against
+TRL's RewardTrainer.
+
 With LoRA the reference is the model with its adapter disabled: the base (or, for a run that starts from an SFT
 adapter merged into its base, that model), never a second copy in memory.
 """
@@ -206,3 +210,22 @@ class FeedbackTrainer(PreferenceTrainer):
         self.remember(split, "rewards/rejected", torch.where(desirable, zero, rewards).sum(), (~desirable).sum())
         self.remember(split, "kl", kl, 1)
         return losses
+
+
+def reward_losses(chosen: torch.Tensor, rejected: torch.Tensor) -> torch.Tensor:
+    """(B,) the pairwise loss of a reward model (Bradley-Terry, as TRL's RewardTrainer): -log sigmoid(r_c - r_r)."""
+    return -F.logsigmoid(chosen - rejected)
+
+
+class RewardTrainer(PreferenceTrainer):
+    """A Trainer for a reward model on pairs (recipe/dpo.py's batches: the chosen rows, then the rejected ones): the
+    pairwise loss of their scores, averaged over the pairs of each step. Logs rewards/chosen and rewards/rejected
+    (the mean scores), rewards/margins and rewards/accuracies (the chosen answer scored higher)."""
+
+    def losses(self, model: Any, inputs: dict[str, Any], split: str) -> torch.Tensor:
+        chosen, rejected = model(**inputs, rewards=True).rewards.chunk(2)
+        accuracies = (chosen > rejected).float()
+        for name, value in (("rewards/chosen", chosen), ("rewards/rejected", rejected),
+                            ("rewards/accuracies", accuracies)):
+            self.remember(split, name, value.detach().sum(), len(value))
+        return reward_losses(chosen, rejected)

@@ -13,6 +13,7 @@ from gemmaforge.train import packed_attention
 from gemmaforge.train.dropout import use_byte_mask_dropout
 from gemmaforge.train.geglu import use_recomputed_gelu
 from gemmaforge.train.lora_targets import resolve_lora_parameters, resolve_lora_targets, with_vision
+from gemmaforge.train.reward_head import REWARD_HEAD, attach_reward_head
 from gemmaforge.train.sharding import strategy
 from gemmaforge.train.template_tokens import use_sparse_template_tokens
 
@@ -50,6 +51,10 @@ def wrap_for_training(model: Any, config: RunConfig, family: Family, targets: li
                                      projector=not config.lora.freeze_multi_modal_projector)
     parameters = (resolve_lora_parameters(model, config.lora.target_parameters) if config.lora.target_parameters
                   else None)
+    trained_whole = (config.lora.modules_to_save or []) + projector
+    if config.train.method == "rm":  # the score head, trained whole and saved with the adapter
+        attach_reward_head(model)
+        trained_whole.append(REWARD_HEAD)
     if config.model.load_in_4bit:
         checkpointing = bool(config.train.gradient_checkpointing)  # null (auto) was resolved by train, or is off
         model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=checkpointing)
@@ -66,7 +71,7 @@ def wrap_for_training(model: Any, config: RunConfig, family: Family, targets: li
             bias=lora.bias,
             use_rslora=lora.use_rslora,
             use_dora=lora.use_dora,
-            modules_to_save=(lora.modules_to_save or []) + projector or None,
+            modules_to_save=trained_whole or None,
             trainable_token_indices=template_ids,
         ),
     )

@@ -38,7 +38,7 @@ CURVES = (
     ("Memory (GiB)", "GiB", ("peak_memory_bytes", "torch_allocated_bytes", "gpu_memory_used_bytes", "rss_bytes"),
      1 / GiB),
     ("GPU utilisation (%) and temperature (C)", "", ("gpu_utilization_pct", "gpu_temperature_c"), 1.0),
-    ("Preference rewards (train.method: dpo)", "reward",
+    ("Preference rewards (train.method: dpo, kto, rm)", "reward",
      ("rewards/chosen", "rewards/rejected", "rewards/margins", "eval_rewards/margins"), 1.0),
 )
 

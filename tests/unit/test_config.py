@@ -58,8 +58,8 @@ def test_the_training_method_is_one_the_recipe_has(tmp_path: Path) -> None:
 
     assert set(METHODS) == set(RECIPES) == set(STAGES) and all(RECIPES[name].name == name for name in RECIPES)
     assert load_config(write(tmp_path, "output_dir: r\ndata: {path: d.json}\n")).train.method == "sft"
-    path = write(tmp_path, "output_dir: r\ndata: {path: d.json}\ntrain: {method: rm}\n")
-    with pytest.raises(UserError, match=r"train\.method: .*'sft'.*'kto'"):
+    path = write(tmp_path, "output_dir: r\ndata: {path: d.json}\ntrain: {method: ppo}\n")
+    with pytest.raises(UserError, match=r"train\.method: .*'sft'.*'rm'"):
         load_config(path)
     path = write(tmp_path, "output_dir: r\ndata: {path: d.json}\ntrain: {method: dpo, pref_loss: kto_pair}\n")
     with pytest.raises(UserError, match=r"train\.pref_loss: .*'kto_pair'"):

@@ -198,8 +198,8 @@ def test_the_sft_example_trains_and_its_merge_example_merges(llamafactory_data: 
 
 
 @pytest.mark.parametrize(("change", "expected"), [
-    ({"stage": "rm"}, "stage: rm: gemmaforge trains supervised fine-tuning (stage: sft), continued pretraining "
-                      "(stage: pt) and preference tuning (stage: dpo or kto), not reward modelling yet"),
+    ({"stage": "ppo"}, "stage: ppo: gemmaforge trains supervised fine-tuning (stage: sft), continued pretraining "
+                       "(stage: pt), preference tuning (stage: dpo or kto) and reward models (stage: rm), not PPO yet"),
     ({"stage": "dpo", "ref_model": "google/gemma-3-1b-it"}, "ref_model: 'google/gemma-3-1b-it' has no gemmaforge "
                                                             "equivalent"),
     ({"stage": "dpo", "pref_loss": "kto_pair"}, "train.pref_loss"),
@@ -234,11 +234,31 @@ def test_what_cannot_be_translated_exits_2_naming_the_key(change: dict, expected
     assert not (tmp_path / "saves").exists()  # nothing written
 
 
-def test_the_reward_example_is_refused_by_its_stage(llamafactory_data: Path, tiny_gemma3_dir: Path, tmp_path: Path,
-                                                    capsys) -> None:
-    path = example(llamafactory_data, "train_lora/qwen3_lora_reward.yaml", tmp_path, tiny_gemma3_dir)
-    assert main(["config", "convert", str(path)]) == 2
-    assert "stage: rm: gemmaforge trains supervised fine-tuning" in capsys.readouterr().err
+@pytest.mark.integration
+@pytest.mark.slow
+def test_the_reward_example_trains_on_dpo_en_demo(llamafactory_data: Path, tiny_gemma3_dir: Path, tmp_path: Path,
+                                                  capsys) -> None:
+    """LLaMA-Factory's reward-model example (stage: rm on dpo_en_demo) runs as it is, a few steps, then eval (the
+    held-out pairs scored) and merge into a sequence classifier; the exports of a model that writes text refuse it."""
+    path = example(llamafactory_data, "train_lora/qwen3_lora_reward.yaml", tmp_path, tiny_gemma3_dir, max_samples=10,
+                   cutoff_len=1024, val_size=2, logging_steps=1)
+    assert main(["config", "convert", str(path)]) == 0
+    assert yaml.safe_load(capsys.readouterr().out)["train"]["method"] == "rm"
+    assert main(["train", str(path), "train.max_steps=2", "train.precision=fp32",
+                 "train.gradient_accumulation_steps=1"]) == 0
+    run = tmp_path / "saves"
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert any("rewards/accuracies" in row for row in rows)
+    assert main(["eval", str(run)]) == 0
+    results = json.loads((run / "eval" / "results.json").read_text())
+    assert results["suite"]["pairs"] == 2 and results["tuned"]["reward_accuracy"] is not None
+    assert main(["merge", str(run)]) == 0
+    config = json.loads((run / "merged" / "config.json").read_text())
+    assert config["architectures"] == ["Gemma3TextForSequenceClassification"] and config["id2label"] == {"0": "LABEL_0"}
+    capsys.readouterr()
+    assert main(["export", "gguf", str(run)]) == 2
+    assert "a reward model (train.method: rm) scores answers and writes none" in capsys.readouterr().err
+    assert not (run / "gguf").exists()
 
 
 @pytest.mark.integration
@@ -266,16 +286,18 @@ def test_the_pretraining_example_trains_on_c4_demo(llamafactory_data: Path, tiny
 def test_the_dpo_example_trains_on_dpo_en_demo(llamafactory_data: Path, tiny_gemma3_dir: Path, tmp_path: Path,
                                                capsys) -> None:
     """LLaMA-Factory's DPO example (stage: dpo, pref_loss sigmoid, pref_beta 0.1, on dpo_en_demo) runs as it is, a
-    few steps, then eval (the val pairs' prompts answered, the chosen answers as references)."""
+    few steps, through eval (the val pairs' prompts answered, the chosen answers as references), merge, GGUF and the
+    Modelfile: docs/training.md's worked example."""
     path = example(llamafactory_data, "train_lora/qwen3_lora_dpo.yaml", tmp_path, tiny_gemma3_dir, max_samples=10,
                    cutoff_len=1024, val_size=2, logging_steps=1)
     assert main(["config", "convert", str(path)]) == 0
     train = yaml.safe_load(capsys.readouterr().out)["train"]
     assert (train["method"], train["pref_loss"], train["pref_beta"]) == ("dpo", "sigmoid", 0.1)
-    assert main(["train", str(path), "train.max_steps=2", "train.precision=fp32",
-                 "train.gradient_accumulation_steps=1"]) == 0
+    assert main(["run", str(path), "train.max_steps=2", "train.precision=fp32", "train.gradient_accumulation_steps=1",
+                 "eval.retention=false", "eval.num_samples=2", "eval.max_new_tokens=8", "export.gguf=[f16]"]) == 0
     run = tmp_path / "saves"
-    assert main(["eval", str(run), "retention=false", "num_samples=2", "max_new_tokens=8"]) == 0
+    modelfile = (run / "ollama" / "Modelfile").read_text().splitlines()
+    assert any(line.startswith("FROM ") and line.endswith("model-f16.gguf") for line in modelfile)
     stats = json.loads((run / "data" / "stats.json").read_text())
     assert stats["method"] == "dpo" and stats["records"] == 10 and stats["kept"] > 2
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]

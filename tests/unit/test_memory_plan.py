@@ -389,15 +389,22 @@ def test_the_plan_predicts_the_measured_peak_of_a_training_step(kind: str, preci
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("method", ["dpo", "kto"])
+@pytest.mark.parametrize("method", ["dpo", "kto", "rm"])
 def test_the_plan_prices_a_preference_step_with_its_reference_passes(method: str, tiny_gemma3_dir: Path,
                                                                      tmp_path: Path) -> None:
     """A DPO step trains a pair's two rows and scores them again with the adapter disabled; a KTO step trains its
     answers and scores mismatched rows and the reference without gradient: the plan (two rows per pair, nothing
-    for the passes without gradient) within 20% of the measured peak of live tensors."""
+    for the passes without gradient) within 20% of the measured peak of live tensors. A reward model trains a pair's
+    two rows through its score head, never the output layer (no logits priced)."""
     from gemmaforge.models import load_tokenizer
     from gemmaforge.train.loss import install_supervised_forward
-    from gemmaforge.train.preference import PreferenceSettings, kto_losses, pair_logps, preference_losses
+    from gemmaforge.train.preference import (
+        PreferenceSettings,
+        kto_losses,
+        pair_logps,
+        preference_losses,
+        reward_losses,
+    )
     from gemmaforge.train.wrapping import build_peft_model
 
     batch, cutoff = 2, 256
@@ -422,6 +429,9 @@ def test_the_plan_prices_a_preference_step_with_its_reference_passes(method: str
                 ref_chosen, ref_rejected, _, _ = pair_logps(model, rows)
             loss = preference_losses(settings, chosen, rejected, ref_chosen, ref_rejected, chosen_counts,
                                      rejected_counts).losses.mean()
+        elif method == "rm":  # both rows of each pair through the score head
+            chosen, rejected = model(**rows, rewards=True).rewards.chunk(2)
+            loss = reward_losses(chosen, rejected).mean()
         else:  # the answers with gradient; their mismatched rows and the reference without
             answers = {key: value[:batch] for key, value in rows.items()}
             mismatched = {key: value[batch:] for key, value in rows.items()}

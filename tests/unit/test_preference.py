@@ -108,7 +108,7 @@ def test_the_method_and_the_data_must_fit(tmp_path: Path, tokenizer) -> None:
     with pytest.raises(UserError, match=r"a preference pair .* trains with train.method: dpo"):
         prepare(tmp_path, pairs_file(tmp_path, TRL_TEXT), tokenizer, method="sft")
     conversations = [{"instruction": q, "output": "Yes."} for q in QUESTIONS]
-    with pytest.raises(UserError, match=r"train.method: dpo trains on preference pairs.*alpaca"):
+    with pytest.raises(UserError, match=r"train.method: dpo \(and rm\) trains on preference pairs.*alpaca"):
         prepare(tmp_path, pairs_file(tmp_path, conversations, "sft.json"), tokenizer)
 
 
