@@ -284,12 +284,15 @@ def step_serve(args: argparse.Namespace) -> dict[str, Any]:
         from gemmaforge.runs import RunDir
 
         name = RunDir.open(run).config().export.ollama.name or run.name  # the name serve gives the run
+        # --cpu proves the plumbing, not the speed: fewer and shorter answers
+        max_tokens, requests = (16, 1) if args.cpu else (64, 4)
         figures = measure("transformers", f"http://127.0.0.1:{port}", name, questions,
-                          argparse.Namespace(max_tokens=64, requests=4, clients=8))
+                          argparse.Namespace(max_tokens=max_tokens, requests=requests, clients=8))
     finally:
         process.terminate()
         process.wait(timeout=30)
-    return {"max_tokens": 64, "clients": 8, **{k: round(v, 1) for k, v in figures.items() if k != "engine"}}
+    return {"max_tokens": max_tokens, "clients": 8,
+            **{k: round(v, 1) for k, v in figures.items() if k != "engine"}}
 
 
 def step_vllm(args: argparse.Namespace) -> dict[str, Any]:
