@@ -46,6 +46,9 @@ class ModelConfig(Section):
         description="'gemma3-270m' (embedded), a local HF directory, a local .gguf file, or a hub id",
     )
     revision: str | None = None
+    adapter: str | None = Field(None, description="a LoRA adapter this run starts from, merged into the base first: "
+                                "a run directory (its adapter/) or a PEFT adapter folder; an SFT run before dpo or "
+                                "kto makes the SFT model the reference, and every later stage's base")
     load_in_4bit: bool = Field(False, description="QLoRA: 4-bit NF4 base through bitsandbytes (CUDA/ROCm GPU only)")
 
 

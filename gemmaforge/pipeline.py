@@ -19,10 +19,21 @@ from gemmaforge.runs import RunDir, ollama_model_name
 from gemmaforge.vision import ImagePrompt
 
 
-def base_model(run: RunDir, config: RunConfig, home: Path) -> ResolvedModel:
+def resolve_base(config: RunConfig, home: Path) -> ResolvedModel:
+    """The model a run trains on: model.name_or_path, with model.adapter merged in when given."""
     base = resolve_model(config.model.name_or_path, home, config.model.revision)
+    if config.model.adapter is None:
+        return base
+    from gemmaforge.export.merge import adapted_base
+
+    return adapted_base(base, config.model.adapter, home)
+
+
+def base_model(run: RunDir, config: RunConfig, home: Path) -> ResolvedModel:
+    base = resolve_base(config, home)
     run.update_manifest(
-        base_model={"name_or_path": base.reference, "path": str(base.path), "revision": base.revision},
+        base_model={"name_or_path": config.model.name_or_path, "path": str(base.path), "revision": base.revision,
+                    **({"adapter": config.model.adapter} if config.model.adapter else {})},
         template_family=base.family.name,
     )
     return base

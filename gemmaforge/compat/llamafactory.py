@@ -100,6 +100,14 @@ def _names(value: Any, key: str, t: Translation) -> list[str]:
     raise UserError(f"{key}: expected names separated by commas, got {value!r}")
 
 
+def _one_adapter(value: Any, key: str, t: Translation) -> str:
+    """The adapter a training run starts from (merged into the base first): one."""
+    names = _names(value, key, t)
+    if len(names) != 1:
+        raise UserError(f"{key}: {value!r}: gemmaforge starts a run from one adapter (merge several first)")
+    return names[0]
+
+
 def _target(value: Any, key: str, t: Translation) -> Any:
     names = _names(value, key, t)
     return "all-linear" if names == ["all"] else names
@@ -260,6 +268,7 @@ def _dataset_dir(value: Any, key: str, t: Translation) -> str:
 TRANSLATED: dict[str, tuple[str, Convert]] = {
     "model_name_or_path": ("model.name_or_path", _same),
     "model_revision": ("model.revision", _same),
+    "adapter_name_or_path": ("model.adapter", _one_adapter),
     "quantization_bit": ("", _quantization_bit),
     "template": ("", _template),
     "stage": ("train.method", _stage),
@@ -497,8 +506,6 @@ REFUSED: dict[str, tuple[Any, str]] = {
     "add_special_tokens": (None, "the vocabulary is the checkpoint's"),
     "new_special_tokens_config": (None, "the vocabulary is the checkpoint's"),
     "train_from_scratch": (False, "LoRA starts from the checkpoint"),
-    "adapter_name_or_path": (None, "training starts a new adapter; merge one with `gemmaforge merge "
-                                   "EXPORT.yaml`"),
     "quantization_method": ("bnb", "QLoRA quantizes with bitsandbytes"),
     "quantization_type": ("nf4", "QLoRA quantizes to NF4"),
     "double_quantization": (True, "QLoRA double-quantizes"),

@@ -5,15 +5,18 @@ projectors (unchanged: LoRA only adapts the language model) and its processor fi
 
 from __future__ import annotations
 
+import hashlib
 import json
 import shutil
 from pathlib import Path
 from typing import Any
 
+from gemmaforge.console import console
+from gemmaforge.data.sources import file_sha256
 from gemmaforge.errors import UserError
 from gemmaforge.export.merge_in_place import merge_into_copy
-from gemmaforge.model_spec import ModelSpec, reward_classifier
-from gemmaforge.models import ResolvedModel, load_tokenizer
+from gemmaforge.model_spec import ModelSpec, read_spec, reward_classifier
+from gemmaforge.models import ResolvedModel, exclusive_lock, load_tokenizer
 from gemmaforge.runs import RunDir, atomic_dir
 from gemmaforge.train.reward_head import REWARD_HEAD
 
@@ -59,6 +62,32 @@ def merge_adapter(adapter: Path, base: ResolvedModel, target: Path) -> dict[str,
                 shutil.copyfile(base.path / name, tmp / name)
     return {"path": str(target), "dtype": base.spec.dtype, **counts,
             **({"sequence_classifier": classifier} if classifier else {})}
+
+
+def adapted_base(base: ResolvedModel, adapter: str, home: Path) -> ResolvedModel:
+    """The base with `adapter` (model.adapter) merged in, cached in home/models by both contents: what the run's new
+    adapter trains on top of, its reference (the model with the new adapter disabled) and every later stage's base.
+    Merged first rather than stacked: one adapter to train, merge, export and serve, and the reference costs nothing."""
+    folder = adapter_folder(Path(adapter).expanduser(), adapter)
+    if reward_head_classifier(folder, base.spec):
+        raise UserError(f"model.adapter '{adapter}': a reward model's adapter scores answers; a run starts from an "
+                        "adapter that writes them (an SFT run)")
+    key = hashlib.sha256(f"{base.revision}:{file_sha256(folder / 'adapter_model.safetensors')}".encode()).hexdigest()
+    target = home / "models" / f"adapted-{key[:16]}"
+    with exclusive_lock(target.with_name(target.name + ".lock")):
+        if not (target / "config.json").is_file():
+            console.print(f"[bold]gemmaforge[/]: merging {folder} into {base.reference} (model.adapter, once) ...")
+            merge_adapter(folder, base, target)
+    return ResolvedModel(str(target), target, f"{base.revision}+adapter:{key[:16]}", read_spec(target))
+
+
+def adapter_folder(path: Path, given: str) -> Path:
+    """A PEFT adapter folder, or a run directory's adapter/."""
+    for folder in (path, path / "adapter"):
+        if (folder / "adapter_config.json").is_file() and (folder / "adapter_model.safetensors").is_file():
+            return folder
+    raise UserError(f"model.adapter '{given}': expected a run directory that trained an adapter (RUN/adapter/) or a "
+                    "PEFT adapter folder (adapter_config.json, adapter_model.safetensors)")
 
 
 def reward_head_classifier(adapter: Path, spec: ModelSpec) -> str | None:

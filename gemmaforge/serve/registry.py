@@ -24,6 +24,7 @@ from gemmaforge.families import FAMILIES, Family
 from gemmaforge.inference.jobs import Engine
 from gemmaforge.inference.llamacpp_images import projector_beside
 from gemmaforge.models import EMBEDDED_NAME, ResolvedModel, resolve_model
+from gemmaforge.pipeline import resolve_base
 from gemmaforge.vision import ImagePrompt
 
 if TYPE_CHECKING:
@@ -168,7 +169,7 @@ class Registry:
             return served
         adapter_dir = adapter_dir or run.require(run.adapter_dir / "adapter_config.json", "train").parent
         _require_safetensors(adapter_dir, "adapter_model.safetensors")
-        base = resolve_model(config.model.name_or_path, self.home, config.model.revision)
+        base = resolve_base(config, self.home)  # with model.adapter: the model the run's adapter trained on
         transformers = self._transformers_engine(base, base.reference)
         served = Served(name, transformers, None, base.family, root, system=system, options=options,
                         parent=transformers.base_name, trained_with_tools=run.trained_with_tools())

@@ -326,6 +326,20 @@ def test_the_kto_example_trains_on_kto_en_demo(llamafactory_data: Path, tiny_gem
     assert main(["eval", str(run), "retention=false", "num_samples=2", "max_new_tokens=8"]) == 0
 
 
+def test_a_training_config_starts_from_one_adapter(llamafactory_data: Path, tiny_gemma3_dir: Path, tmp_path: Path,
+                                                    capsys) -> None:
+    """adapter_name_or_path in a training config (a DPO run after an SFT run) is model.adapter; several exit 2."""
+    path = example(llamafactory_data, "train_lora/qwen3_lora_dpo.yaml", tmp_path, tiny_gemma3_dir,
+                   adapter_name_or_path="saves/qwen3-4b/lora/sft")
+    config, text = converted(path, capsys)
+    assert config["model"]["adapter"] == "saves/qwen3-4b/lora/sft" and "adapter_name_or_path -> model.adapter" in text
+    path = example(llamafactory_data, "train_lora/qwen3_lora_dpo.yaml", tmp_path, tiny_gemma3_dir,
+                   adapter_name_or_path="saves/a,saves/b")
+    assert main(["config", "convert", str(path)]) == 2
+    assert "adapter_name_or_path: 'saves/a,saves/b': gemmaforge starts a run from one adapter" in \
+        capsys.readouterr().err
+
+
 def test_what_llamafactory_reads_differently_from_pyyaml_or_gemmaforge(llamafactory_data: Path, tiny_gemma3_dir: Path,
                                                                         tmp_path: Path, capsys) -> None:
     """1e-4 is a number (OmegaConf), `key: null` is the default, defaults spelled out are accepted, warmup_steps
