@@ -9,9 +9,12 @@ dequantizes every tensor and rebuilds the tokenizer (minutes on a small CPU).
 from __future__ import annotations
 
 import contextlib
+import copy
 import hashlib
 import multiprocessing
 import os
+import threading
+from collections import OrderedDict
 from collections.abc import Iterator
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
@@ -70,10 +73,48 @@ def resolve_model(reference: str, home: Path, revision: str | None = None) -> Re
 # ---------------------------------------------------------------------------- loading
 
 
+# Loading Gemma's 262k-token vocabulary takes seconds (transformers decodes tokenizer.json in Python), and one
+# `gemmaforge run` loads it in nearly every stage, from the base, the adapter and the merged folders, which hold the
+# same tokenizer files: the last few tokenizers are kept for this process, keyed by those files' contents.
+_TOKENIZERS: OrderedDict[str, Any] = OrderedDict()
+_TOKENIZERS_KEPT = 2
+_TOKENIZERS_LOCK = threading.Lock()
+_TOKENIZER_FILES = ("tokenizer", "special_tokens_map", "added_tokens", "chat_template")
+
+
 def load_tokenizer(model_dir: Path) -> Any:
+    """The tokenizer of a local model folder, read once a process for the same tokenizer files. Each call returns
+    its own shallow copy: its attributes (chat_template, padding_side, init_kwargs, ...) are its own, the vocabulary
+    (the `tokenizers` backend) is shared, so nothing here adds tokens to it."""
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(model_dir)
+    if not Path(model_dir).is_dir():
+        return AutoTokenizer.from_pretrained(model_dir)  # which says what is missing
+    key = _tokenizer_key(Path(model_dir))
+    with _TOKENIZERS_LOCK:
+        cached = _TOKENIZERS.get(key)
+        if cached is None:
+            cached = _TOKENIZERS[key] = AutoTokenizer.from_pretrained(model_dir)
+            while len(_TOKENIZERS) > _TOKENIZERS_KEPT:
+                _TOKENIZERS.popitem(last=False)
+        _TOKENIZERS.move_to_end(key)
+    tokenizer = copy.copy(cached)
+    tokenizer.__dict__.update({k: copy.copy(v) for k, v in vars(cached).items() if isinstance(v, dict | list | set)})
+    return tokenizer
+
+
+def _tokenizer_key(folder: Path) -> str:
+    """A hash of the files a tokenizer is read from (and of config.json where tokenizer_config.json does not name
+    the tokenizer's class, which transformers then takes from the model's config)."""
+    digest = hashlib.sha256()
+    files = sorted(f for f in folder.iterdir() if f.is_file() and f.name.startswith(_TOKENIZER_FILES))
+    config = folder / "tokenizer_config.json"
+    if not (config.is_file() and '"tokenizer_class"' in config.read_text(encoding="utf-8")):
+        files.append(folder / "config.json")
+    for file in files:
+        digest.update(f"{file.name}\0".encode())
+        digest.update(file.read_bytes() if file.is_file() else b"")
+    return digest.hexdigest()
 
 
 def load_causal_lm(model_dir: Path, spec: ModelSpec, dtype: Any = None, load_in_4bit: bool = False,

@@ -28,6 +28,7 @@ from gguf import TokenType
 
 from gemmaforge.errors import UserError
 from gemmaforge.model_spec import SPECIAL_TOKEN_NAMES
+from gemmaforge.models import load_tokenizer
 
 SPIECE_SPACE = "\u2581"  # "▁": SentencePiece's spelling of a space
 ADDED_TOKEN_SCORE = -1000.0  # what llama.cpp's converter gives added (control / user-defined) tokens
@@ -204,9 +205,7 @@ def bpe_tokens(model_dir: Path) -> Iterator[tuple[str, TokenType]]:
     (through which llama.cpp's converter writes Gemma 4) gives them: the base vocabulary, byte pieces BYTE and
     special tokens CONTROL, then the added tokens past it. Its vocabulary is read once here; `LlamaHfVocab`
     rebuilds it for every special token, a third of a Gemma 4 export's time."""
-    from transformers import AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(model_dir, local_files_only=True)
+    tokenizer = load_tokenizer(model_dir)
     vocab: dict[str, int] = tokenizer.get_vocab()
     base = tokenizer.vocab_size
     added = sorted((token_id, text) for text, token_id in tokenizer.get_added_vocab().items() if token_id >= base)

@@ -18,13 +18,22 @@ class GGUFWriter(gguf.GGUFWriter):
             return super()._pack_val(val, vtype, add_vtype, sub_type)
         item_type = sub_type if sub_type is not None else GGUFValueType.get_type(val[0])
         order = "<" if self.endianess == gguf.GGUFEndian.LITTLE else ">"
-        if item_type == GGUFValueType.STRING and all(isinstance(item, str) for item in val):
+        if item_type == GGUFValueType.STRING and set(map(type, val)) == {str}:
             encoded = [item.encode("utf-8") for item in val]
             body = b"".join(struct.pack(f"{order}Q", len(item)) + item for item in encoded)
-        elif item_type in (GGUFValueType.FLOAT32, GGUFValueType.INT32, GGUFValueType.UINT32) and \
-                all(GGUFValueType.get_type(item) == GGUFValueType.get_type(val[0]) for item in val):
+        elif item_type in (GGUFValueType.FLOAT32, GGUFValueType.INT32, GGUFValueType.UINT32) and _one_type(val):
             body = struct.pack(f"{order}{len(val)}{self._simple_value_packing[item_type]}", *val)
         else:  # anything else as gguf packs it
             return super()._pack_val(val, vtype, add_vtype, sub_type)
         head = struct.pack(f"{order}I", vtype) if add_vtype else b""
         return head + struct.pack(f"{order}IQ", item_type, len(val)) + body
+
+
+def _one_type(val: list[Any]) -> bool:
+    """Whether every item has the first one's GGUF type: for plain floats or plain ints (a vocabulary's scores and
+    token types) by their Python types, in C; anything else item by item, as gguf types them."""
+    kinds = set(map(type, val))
+    if len(kinds) == 1 and kinds <= {float, int}:
+        return True
+    first = GGUFValueType.get_type(val[0])
+    return all(GGUFValueType.get_type(item) == first for item in val)

@@ -17,6 +17,7 @@ import numpy as np
 from gemmaforge.chat.conversation import Message
 from gemmaforge.errors import StageError
 from gemmaforge.families import Family
+from gemmaforge.models import load_tokenizer
 from gemmaforge.runs import RunDir, atomic_write_text
 
 F16_MIN_TOP1 = 0.99
@@ -25,13 +26,13 @@ MAX_TOKENS = 256  # per conversation: enough positions, bounded logits memory (t
 
 def verify_run(run: RunDir, family: Family, n_prompts: int = 8) -> dict[str, Any]:
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
 
     merged = run.require(run.merged_dir / "config.json", "merge").parent
     files = run.model_ggufs()
     if not files:
         run.require(run.gguf_dir / "model-<quant>.gguf", "export gguf")
-    tokenizer = AutoTokenizer.from_pretrained(merged)
+    tokenizer = load_tokenizer(merged)
     sequences = prepared_sequences(run, tokenizer, family, n_prompts)
     model = AutoModelForCausalLM.from_pretrained(merged, dtype=torch.float32)
     with torch.no_grad():

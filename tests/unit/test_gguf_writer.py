@@ -25,3 +25,11 @@ def test_arrays_pack_to_ggufs_bytes(values: list, endianess: gguf.GGUFEndian, tm
     if isinstance(values[0], int) and not isinstance(values[0], bool):  # the vocabulary's types as gguf adds them
         assert ours._pack_val(values, GGUFValueType.ARRAY, True, GGUFValueType.INT32) == \
             theirs._pack_val(values, GGUFValueType.ARRAY, True, GGUFValueType.INT32)
+
+
+@pytest.mark.parametrize("values", [[0.5, 2, 3.0], [1, True, 2], ["a", 1]], ids=["float-int", "int-bool", "str-int"])
+def test_mixed_arrays_are_refused_as_gguf_refuses_them(values: list, tmp_path) -> None:
+    """The one-call packing reads item types in bulk; a list whose items differ in GGUF type still goes to gguf."""
+    for writer in (GGUFWriter, gguf.GGUFWriter):
+        with pytest.raises(ValueError, match="same type"):
+            writer(tmp_path / "f.gguf", "gemma3")._pack_val(values, GGUFValueType.ARRAY, True)

@@ -3,7 +3,9 @@
 
 from __future__ import annotations
 
+import json
 import shutil
+from collections import OrderedDict
 from pathlib import Path
 
 import pytest
@@ -67,3 +69,36 @@ def test_a_local_gguf_is_converted_once_to_a_cached_safetensors_copy(tmp_path: P
     monkeypatch.setattr(models, "_convert_gguf_to_hf", never_convert)
     again = resolve_model(str(gguf), home)
     assert again.path == model.path and again.revision == model.revision
+
+
+@pytest.mark.slow  # two loads of the 262k-token vocabulary
+def test_a_folders_tokenizer_is_loaded_once_and_each_caller_gets_its_own(tmp_path: Path, tiny_gemma3_dir: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """load_tokenizer reads the same tokenizer files once a process (seconds for Gemma's vocabulary), from any folder
+    that holds them (a run's base, adapter and merged folders): callers get copies whose attributes are their own,
+    and a changed tokenizer file is read again."""
+    from transformers import AutoTokenizer
+
+    folder = tmp_path / "model"
+    shutil.copytree(tiny_gemma3_dir, folder, ignore=shutil.ignore_patterns("*.safetensors"))
+    monkeypatch.setattr(models, "_TOKENIZERS", OrderedDict())  # what this process's earlier tests loaded
+    loads: list[Path] = []
+    real = AutoTokenizer.from_pretrained
+    monkeypatch.setattr(AutoTokenizer, "from_pretrained", lambda path, **kw: loads.append(path) or real(path, **kw))
+
+    first, second = models.load_tokenizer(folder), models.load_tokenizer(folder)
+    assert loads == [folder] and first is not second
+    first.chat_template, first.padding_side = "{{ messages }}", "right"
+    first.init_kwargs["changed"] = True
+    assert second.chat_template != "{{ messages }}" and second.padding_side == "left"
+    assert "changed" not in second.init_kwargs and "changed" not in models.load_tokenizer(folder).init_kwargs
+    assert second("咖啡 coffee").input_ids == first("咖啡 coffee").input_ids
+    adapter = tmp_path / "adapter"  # the same tokenizer files beside other files
+    shutil.copytree(folder, adapter, ignore=shutil.ignore_patterns("config.json", "generation_config.json"))
+    (adapter / "adapter_config.json").write_text("{}")
+    assert models.load_tokenizer(adapter)("咖啡").input_ids == first("咖啡").input_ids and len(loads) == 1
+
+    config = folder / "tokenizer_config.json"
+    settings = json.loads(config.read_text(encoding="utf-8"))
+    config.write_text(json.dumps({**settings, "model_max_length": 77}), encoding="utf-8")
+    assert models.load_tokenizer(folder).model_max_length == 77 and len(loads) == 2
