@@ -1,6 +1,7 @@
 """DPO training speed and peak memory: gemmaforge against TRL's DPOTrainer, same data, LoRA and batch.
 
-    python benchmarks/dpo_speed.py [--steps 8] [--batch-size 4] [--cutoff 256] [--precision fp32|bf16] [--work DIR]
+    python benchmarks/dpo_speed.py [--steps 8] [--batch-size 4] [--cutoff 256] [--precision fp32|bf16]
+                                   [--gradient-checkpointing] [--work DIR]
 
 Both LoRA-tune the embedded Gemma 3 270M with DPO (sigmoid loss, beta 0.1, the reference the base with the
 adapter disabled) for the same number of optimizer steps on the same train split of preference pairs made from
@@ -10,7 +11,8 @@ learning rate 5e-5; no gradient accumulation; the pairs cut at --cutoff tokens p
 
 * trl: `trl.DPOTrainer` with a `peft_config`, its defaults otherwise (prompt and answers rendered by the chat
   template it is given: the family's own);
-* gemmaforge: `python -m gemmaforge train CONFIG` through the real CLI, `train.method: dpo`.
+* gemmaforge: `python -m gemmaforge train CONFIG` through the real CLI, `train.method: dpo`; gradient
+  checkpointing as its memory plan decides, or on with --gradient-checkpointing (TRL's default).
 
 Each trains in its own process. Reported: pairs/s of the training loop (model loading excluded) and the process's
 peak resident memory (ru_maxrss). The target (issue 43): gemmaforge >= 1.5x TRL's pairs/s at <= its memory.
@@ -60,7 +62,8 @@ def gemmaforge_config(work: Path, args: argparse.Namespace) -> Path:
         "train": {"method": "dpo", "pref_beta": BETA, "max_steps": args.steps,
                   "per_device_train_batch_size": args.batch_size, "gradient_accumulation_steps": 1,
                   "learning_rate": LEARNING_RATE, "cutoff_len": args.cutoff, "precision": args.precision,
-                  "seed": SEED, "save_steps": 10_000, "eval_strategy": "no", "logging_steps": 1},
+                  "seed": SEED, "save_steps": 10_000, "eval_strategy": "no", "logging_steps": 1,
+                  **({"gradient_checkpointing": True} if args.gradient_checkpointing else {})},
     }
     path = work / "gemmaforge.yaml"
     path.write_text(yaml.safe_dump(config, allow_unicode=True), encoding="utf-8")
@@ -128,6 +131,8 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=4)
     parser.add_argument("--cutoff", type=int, default=256)
     parser.add_argument("--precision", choices=["fp32", "bf16"], default="fp32")
+    parser.add_argument("--gradient-checkpointing", action="store_true",
+                        help="gemmaforge checkpoints gradients as TRL does by default (else its memory plan decides)")
     parser.add_argument("--work", type=Path)
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
