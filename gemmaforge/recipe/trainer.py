@@ -27,7 +27,7 @@ from gemmaforge.recipe.troubleshoot import (
     slow_step_findings,
 )
 from gemmaforge.runs import RunDir, atomic_dir
-from gemmaforge.system.memory import peak_memory_bytes
+from gemmaforge.system.memory import peak_memory_bytes, reset_peak_memory
 from gemmaforge.system.monitor import DeviceMonitor
 from gemmaforge.system.sdpa_probe import attention_finding
 from gemmaforge.train.callbacks import MetricsCallback, TrainingProgress, plot_losses
@@ -144,6 +144,7 @@ def train(run: RunDir, config: RunConfig, base: ResolvedModel) -> dict[str, Any]
     method = METHODS[config.train.method]
     data = method.datasets(run, config, tokenizer, base, vision)
     config = data.config
+    reset_peak_memory()  # the plan counts from here (what this process holds now), so does the measured peak
     plan, config = check_memory(config, base, precision, sharding, data.max_images)
     model = build_peft_model(config, base, tokenizer, precision)
     kernels = None

@@ -21,7 +21,10 @@ from gemmaforge.train.checkpoints import MARKER
 from tests.helpers import adapter_tensors, manifest_train, metrics, write_config
 
 RECIPES = Path(__file__).parents[2] / "examples" / "distributed"
-RANK_ENV = {**os.environ, "PYTHONWARNINGS": "ignore", "OMP_NUM_THREADS": "1"}
+# the ranks run as a user's processes do: with glibc's own heap thresholds, not the suite's (conftest.py), under
+# which a process keeps every block it freed and its resident memory is no longer what the memory plan predicts
+RANK_ENV = {**{k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")},
+            "PYTHONWARNINGS": "ignore", "OMP_NUM_THREADS": "1"}
 
 
 def free_port() -> int:
@@ -111,14 +114,14 @@ def test_every_rank_saves_the_same_adapter_sharded_or_not(runs: dict[str, dict])
 
 @pytest.mark.parametrize("recipe", ["one", "ddp", "fsdp2"])
 def test_the_plan_per_rank_holds_within_20_percent(runs: dict[str, dict], recipe: str) -> None:
-    """`train` plans one rank of the launcher's world under its strategy; the measured peak of a launched rank (its
-    resident memory on the CPU; "one" trains inside this test process, whose memory is not its own) is within the
-    planner's +-20%. On a tiny model that peak is mostly the runtime term, so the terms a strategy shares out are
-    held on their own: the frozen weights and the trainable state (values, gradients, AdamW moments) that rank 0
-    holds, measured from its tensors, are the planned terms within 2% (FSDP2 pads a shard to whole rows of dim 0)."""
+    """`train` plans one rank of the launcher's world under its strategy; the measured peak of a rank (its resident
+    memory on the CPU, counted from the plan, which measures what the process holds then: the data stage's peak
+    before it is not the training's; "one" trains inside this test process) is within the planner's +-20%. On a
+    tiny model that peak is mostly the runtime term, so the terms a strategy shares out are held on their own: the
+    frozen weights and the trainable state (values, gradients, AdamW moments) that rank 0 holds, measured from its
+    tensors, are the planned terms within 2% (FSDP2 pads a shard to whole rows of dim 0)."""
     record = runs[recipe]["record 2"]
-    if recipe != "one":
-        assert 0.8 <= record["peak_memory_bytes"] / record["planned_peak_bytes"] <= 1.2, record
+    assert 0.8 <= record["peak_memory_bytes"] / record["planned_peak_bytes"] <= 1.2, record
     planned, measured = record["planned_parts"], record["model_state_bytes"]
     for term in ("weights", "trainable"):
         assert measured[term] == pytest.approx(planned[term], rel=0.02), (term, measured, planned)
