@@ -17,9 +17,9 @@ class RecordingEngine(TransformersEngine):
         super().__init__(*args, **kwargs)
         self.chosen: dict[int, list[int]] = defaultdict(list)  # id(job) -> tokens, the stop token included
 
-    def _accept(self, row: Any, token: int) -> bool:
+    def _accept(self, row: Any, token: int, logprob: Any = None) -> bool:
         self.chosen[id(row.job)].append(token)
-        return super()._accept(row, token)
+        return super()._accept(row, token, logprob)
 
 
 async def ask(engine: TransformersEngine, job: Job, log: list[tuple[int, Event]], index: int) -> None:

@@ -1,4 +1,4 @@
-"""`gemmaforge serve` (the Ollama and OpenAI APIs over HTTP) and `gemmaforge chat` (the terminal)."""
+"""`gemmaforge serve` (the Ollama, OpenAI and Anthropic APIs over HTTP) and `gemmaforge chat` (the terminal)."""
 
 from __future__ import annotations
 
@@ -28,9 +28,11 @@ ENGINE_DEFAULTS: dict[str, Any] = {"engine": "transformers", "num_ctx": 4096, "d
 
 def add(verbs: Verbs) -> None:
     p = verbs.add_parser(
-        "serve", help="Serve runs and models over the Ollama and OpenAI HTTP APIs (many LoRA adapters on one base).",
-        description="Serve runs and models over Ollama's API (/api/chat, /api/generate, /api/embed, /api/tags, ...) "
-        "and OpenAI's (/v1/chat/completions, /v1/completions, /v1/embeddings, /v1/models), with adapters loaded "
+        "serve", help="Serve runs and models over the Ollama, OpenAI and Anthropic HTTP APIs (many LoRA adapters on "
+        "one base).",
+        description="Serve runs and models over Ollama's API (/api/chat, /api/generate, /api/embed, /api/tags, ...), "
+        "OpenAI's (/v1/chat/completions, /v1/completions, /v1/responses, /v1/embeddings, /v1/models) and "
+        "Anthropic's Messages API (/v1/messages), with log-probabilities on request, adapters loaded "
         "and unloaded at runtime (/v1/load_lora_adapter, /v1/unload_lora_adapter). Concurrent requests on the "
         "transformers engine are batched at every decoding step.",
         epilog=SERVE_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -39,7 +41,8 @@ def add(verbs: Verbs) -> None:
     p.add_argument("--host", default="127.0.0.1", help="default 127.0.0.1 (loopback); any other needs --api-key")
     p.add_argument("--port", type=int, default=11434, help="default 11434, Ollama's")
     add_engine_options(p)
-    p.add_argument("--api-key", help="require Authorization: Bearer KEY (default: $GEMMAFORGE_API_KEY)")
+    p.add_argument("--api-key",
+                   help="require Authorization: Bearer KEY or x-api-key: KEY (default: $GEMMAFORGE_API_KEY)")
     p.add_argument("--max-batch", type=positive_int, default=16, help="requests decoded together (default 16)")
     p.add_argument("--max-queue", type=positive_int, default=64,
                    help="requests waiting beyond the batch before 503 + Retry-After (default 64)")

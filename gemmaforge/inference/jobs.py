@@ -16,6 +16,8 @@ from typing import Any, Protocol
 
 from gemmaforge.families import Family
 
+MAX_TOP_LOGPROBS = 20  # as Ollama and OpenAI bound top_logprobs (Params.logprobs)
+
 
 @dataclass(frozen=True)
 class Params:
@@ -31,11 +33,30 @@ class Params:
     repeat_last_n: int = 64
     stop: tuple[str, ...] = ()
     grammar: str | None = None  # structured output: "json" (any JSON object) or a JSON schema, as JSON text
+    logprobs: int | None = None  # None: none; n: each token's log-probability and the n likeliest tokens' (0-20)
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A token the model could have written next, and its log-probability under the model's distribution (the
+    log-softmax of its logits, before any sampling option or grammar), as Ollama and OpenAI report them."""
+
+    token: str  # its text (a byte of a multi-byte character reads as U+FFFD; `raw` has the byte)
+    raw: bytes
+    logprob: float
+
+
+@dataclass(frozen=True)
+class TokenLogprob(Candidate):
+    """A token the answer holds, with the likeliest tokens at its position (Params.logprobs of them)."""
+
+    top: tuple[Candidate, ...] = ()
 
 
 @dataclass(frozen=True)
 class Delta:
     text: str
+    logprobs: tuple[TokenLogprob, ...] = ()  # the tokens whose text this delta completes (Params.logprobs)
 
 
 @dataclass(frozen=True)
@@ -45,6 +66,7 @@ class Finished:
     completion_tokens: int
     prompt_ns: int
     eval_ns: int
+    stop_sequence: str | None = None  # the stop string that ended the answer (Anthropic's stop_sequence)
 
 
 @dataclass(frozen=True)
@@ -91,14 +113,19 @@ class Answer:
     started_ns: int = field(default_factory=time.perf_counter_ns)
     tokens: int = 0  # generated, the stop token excluded
     held: list[str] = field(default_factory=list)  # the text of a job that does not stream, until it finishes
+    pending: list[TokenLogprob] = field(default_factory=list)  # of the tokens whose text is not sent yet
+    held_logprobs: list[TokenLogprob] = field(default_factory=list)  # of the text in `held`
 
-    def accept(self, token: int, stops: set[int]) -> bool:
-        """Record `token`; True when the answer is finished (and Finished was sent)."""
+    def accept(self, token: int, stops: set[int], logprob: TokenLogprob | None = None) -> bool:
+        """Record `token` (with its log-probabilities when the job asked for them); True when the answer is
+        finished (and Finished was sent)."""
         if self.job.cancelled.is_set():
             return self.finish("cancelled")
         if token in stops:
             return self.finish("stop")
         self.tokens += 1
+        if logprob is not None:
+            self.pending.append(logprob)
         delta, hit_stop_string = self.stream.push(token)
         self._send(delta)
         if hit_stop_string:
@@ -108,21 +135,28 @@ class Answer:
         return False
 
     def finish(self, reason: str, flush: bool = True) -> bool:
-        """Send what text was held back (unless a stop string ended it), then Finished."""
+        """Send what text was held back (unless a stop string ended it: the log-probabilities of the tokens that
+        wrote the stop string go with it), then Finished."""
         if flush and reason != "cancelled":
             self._send(self.stream.flush())
         if self.held:
-            self.job.emit(Delta("".join(self.held)))
+            self.job.emit(Delta("".join(self.held), tuple(self.held_logprobs)))
         self.job.emit(Finished(reason, len(self.job.prompt_ids), self.tokens, self.prompt_ns,
-                               time.perf_counter_ns() - self.started_ns))
+                               time.perf_counter_ns() - self.started_ns, self.stream.matched))
         return True
 
 
     def _send(self, text: str) -> None:
-        if text and self.job.stream:
-            self.job.emit(Delta(text))
-        elif text:
+        """Send `text` with the log-probabilities of the tokens that completed it (a token whose text is held
+        back, a stop string's start or part of a character, waits with it)."""
+        if not text:
+            return
+        if self.job.stream:
+            self.job.emit(Delta(text, tuple(self.pending)))
+        else:
             self.held.append(text)
+            self.held_logprobs += self.pending
+        self.pending.clear()
 
 
 class QueueFull(Exception):
@@ -137,6 +171,7 @@ class TextStream:
         self.decode, self.stop = decode, tuple(s for s in stop if s)
         self.ids: list[int] = []
         self.sent = 0  # characters of the decoded text already emitted
+        self.matched: str | None = None  # the stop string that ended the text, once one has
 
     def push(self, token_id: int) -> tuple[str, bool]:
         self.ids.append(token_id)
@@ -144,6 +179,7 @@ class TextStream:
         for s in self.stop:
             at = text.find(s, max(0, self.sent - len(s)))
             if at != -1:
+                self.matched = s
                 return self._take(text, at), True
         if text.endswith("\ufffd"):  # a multi-byte character split across tokens: wait for the rest
             return "", False

@@ -14,8 +14,9 @@ from pathlib import Path
 from typing import Any
 
 from gemmaforge.families import Family
-from gemmaforge.inference.jobs import Answer, Finished, Job, QueueFull, TextStream, decode_with_markers
+from gemmaforge.inference.jobs import Answer, Finished, Job, QueueFull, TextStream, TokenLogprob, decode_with_markers
 from gemmaforge.inference.llamacpp_images import Projector
+from gemmaforge.inference.sampling import token_logprob
 from gemmaforge.vision import check_placeholders
 
 
@@ -193,5 +194,18 @@ class LlamaCppEngine:
                 answer.prompt_ns, answer.started_ns = now - answer.started_ns, now
             if self._closed:
                 job.cancelled.set()
-            if answer.accept(token, self.stops):
+            if answer.accept(token, self.stops, self._logprob(token, params.logprobs)):
                 return
+
+    def _logprob(self, token: int, top: int | None) -> TokenLogprob | None:
+        """`token`'s log-probabilities from the logits llama.cpp sampled it from (the last position its context
+        evaluated; its samplers and grammar work on a copy). A piece is read through detokenize: llama-cpp-python's
+        token_to_piece returns its whole 32-byte buffer."""
+        if top is None:
+            return None
+        import numpy as np
+        import torch
+
+        logits = np.ctypeslib.as_array(self.llm._ctx.get_logits_ith(-1), shape=(self.llm.n_vocab(),))
+        return token_logprob(torch.from_numpy(logits), token, top,
+                             lambda i: self.llm._model.detokenize([i], special=False))

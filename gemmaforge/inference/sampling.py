@@ -1,11 +1,14 @@
 """Next-token choice for one sequence, with Ollama's options and in llama.cpp's order: repeat penalty,
-top-k, top-p, min-p, temperature; temperature 0 is greedy."""
+top-k, top-p, min-p, temperature; temperature 0 is greedy. And the log-probabilities a request may ask for,
+computed alike for both engines."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
-from gemmaforge.inference.jobs import Params
+from gemmaforge.inference.jobs import Candidate, Params, TokenLogprob
 
 
 def new_generator(seed: int | None) -> torch.Generator:
@@ -42,3 +45,21 @@ def choose_token(logits: torch.Tensor, params: Params, history: list[int], gener
     values = values[keep]
     probs = torch.softmax(values.float() / params.temperature, dim=-1)
     return int(index[keep][torch.multinomial(probs, 1, generator=generator)])
+
+
+def token_logprob(logits: torch.Tensor, token: int, top: int, piece: Callable[[int], bytes]) -> TokenLogprob:
+    """`token`'s log-probability under `logits` (vocab,) and the `top` likeliest tokens': the model's own
+    distribution (log-softmax in float32), before the sampling options and any grammar change it, which is what
+    Ollama reports. `piece(id)` is a token's bytes as it is written into the answer."""
+    logprobs = torch.log_softmax(logits.float(), dim=-1)
+
+    def candidate(index: int, value: float) -> Candidate:
+        raw = piece(index)
+        return Candidate(raw.decode("utf-8", errors="replace"), raw, value)
+
+    alternatives: tuple[Candidate, ...] = ()
+    if top > 0:
+        values, indices = torch.topk(logprobs, min(top, logprobs.numel()))
+        alternatives = tuple(candidate(i, v) for i, v in zip(indices.tolist(), values.tolist()))
+    chosen = candidate(token, float(logprobs[token]))
+    return TokenLogprob(chosen.token, chosen.raw, chosen.logprob, alternatives)

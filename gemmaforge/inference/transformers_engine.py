@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import inspect
 import itertools
+import re
 import threading
 import time
 from collections import deque
@@ -26,12 +27,22 @@ import torch
 
 from gemmaforge.families import Family
 from gemmaforge.inference.constrained import Grammars, Matcher
-from gemmaforge.inference.jobs import Answer, Finished, Job, QueueFull, TextStream, decode_with_markers, marker_ids
-from gemmaforge.inference.sampling import choose_token, new_generator
+from gemmaforge.inference.jobs import (
+    Answer,
+    Finished,
+    Job,
+    QueueFull,
+    TextStream,
+    TokenLogprob,
+    decode_with_markers,
+    marker_ids,
+)
+from gemmaforge.inference.sampling import choose_token, new_generator, token_logprob
 from gemmaforge.models import fast_last_position_logits
 from gemmaforge.vision import ImagePrompt
 
 T = TypeVar("T")
+_BYTE_TOKEN = re.compile(r"<0x([0-9A-Fa-f]{2})>")  # SentencePiece's byte fallback
 
 
 @dataclass
@@ -81,6 +92,7 @@ class TransformersEngine:
         self.stops = family.stop_ids(tokenizer.eos_token_id, tokenizer.convert_tokens_to_ids)
         self.grammars = Grammars(tokenizer, sorted(self.stops))
         self.markers = marker_ids(tokenizer, family)  # decoded, not skipped (see ChatFormat.markers)
+        self._special = set(tokenizer.all_special_ids)  # written as nothing (see _piece)
         # transformers 5.x renamed `past_key_values` to `cache` (the old name warns, then goes in 5.40)
         self._cache_kw = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
         self._waiting: deque[Job] = deque()
@@ -326,8 +338,8 @@ class TransformersEngine:
             self._admitted -= {id(job) for job in jobs}
             keep = []
             for i, row in enumerate(rows):
-                token = self._choose(row, logits[i])
-                if not self._accept(row, token):
+                token, logprob = self._choose(row, logits[i])
+                if not self._accept(row, token, logprob):
                     last[i] = token
                     keep.append(i)
             if len(keep) < len(rows):
@@ -356,20 +368,34 @@ class TransformersEngine:
         batch.positions = positions + 1
         keep = []
         for i, row in enumerate(batch.rows):
-            token = self._choose(row, logits[i])
-            if not self._accept(row, token):
+            token, logprob = self._choose(row, logits[i])
+            if not self._accept(row, token, logprob):
                 last[i] = token
                 keep.append(i)
         if len(keep) < len(batch.rows):
             _select(batch, keep)
 
-    def _choose(self, row: _Running, logits: torch.Tensor) -> int:
+    def _choose(self, row: _Running, logits: torch.Tensor) -> tuple[int, TokenLogprob | None]:
+        """The next token, and its log-probabilities when the job asked for them (read before the grammar's mask,
+        which changes `logits` in place)."""
+        top = row.job.params.logprobs
+        raw = logits.clone() if top is not None and row.constraint is not None else logits
         if row.constraint is not None:
             row.constraint.mask(logits)
-        return choose_token(logits, row.job.params, row.history, row.generator)
+        token = choose_token(logits, row.job.params, row.history, row.generator)
+        return token, None if top is None else token_logprob(raw, token, top, self._piece)
 
-    def _accept(self, row: _Running, token: int) -> bool:
-        finished = row.answer.accept(token, self.stops)
+    def _piece(self, token: int) -> bytes:
+        """A token's bytes as llama.cpp's token_to_piece writes them: SentencePiece's space mark as a space, a
+        byte token as its byte, a special token as nothing."""
+        if token in self._special:
+            return b""
+        piece = self.tokenizer.convert_ids_to_tokens(token)
+        byte = _BYTE_TOKEN.fullmatch(piece)
+        return bytes([int(byte[1], 16)]) if byte else piece.replace("\u2581", " ").encode()
+
+    def _accept(self, row: _Running, token: int, logprob: TokenLogprob | None = None) -> bool:
+        finished = row.answer.accept(token, self.stops, logprob)
         if not finished:
             row.history.append(token)
             if row.constraint is not None:

@@ -6,12 +6,12 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
 from gemmaforge.chat.reading import Pieces
-from gemmaforge.inference.jobs import Delta, Event, Finished
+from gemmaforge.inference.jobs import Delta, Event, Finished, TokenLogprob
 from gemmaforge.serve.protocol import (
     OLLAMA_DEFAULTS,
     Completion,
@@ -23,6 +23,8 @@ from gemmaforge.serve.protocol import (
     generate_prompt,
     images_in,
     json_schema,
+    logprob_json,
+    logprobs_of,
     messages_of,
     refuse_unsupported,
     stops,
@@ -54,28 +56,39 @@ class OllamaDialect:
         raw = not chat and field(data, "raw", bool, False)
         return Completion(data["model"], prompt, chat, field(data, "stream", bool, True), options_of(served, options),
                           stops(options, "options."), grammar=format_of(data),
-                          reading=None if raw else served.family.chat, tools=bool(tools), images=images)
+                          reading=None if raw else served.family.chat, tools=bool(tools), images=images,
+                          logprobs=logprobs_of(data))
 
     async def stream(self, c: Completion, events: AsyncIterator[Event]) -> AsyncIterator[bytes]:
         reader = c.reader()
         calls = 0
+        pending: list[TokenLogprob] = []  # of text the reader holds back: sent with the next chunk
         async for event in events:
             if isinstance(event, Delta):
                 pieces = reader.feed(event.text) if reader else Pieces(event.text)
+                pending += event.logprobs
                 if pieces.content or pieces.thinking or pieces.tool_calls:
-                    yield ndjson(_chunk(c, pieces, calls, done=False))
+                    yield ndjson(_chunk(c, pieces, calls, done=False, **_logprobs(c, pending)))
                     calls += len(pieces.tool_calls)
+                    pending = []
             elif isinstance(event, Finished):
                 pieces = reader.finish() if reader else Pieces()
                 if pieces.content or pieces.thinking or pieces.tool_calls:
-                    yield ndjson(_chunk(c, pieces, calls, done=False))
-                yield ndjson(_chunk(c, Pieces(), 0, **_final(c, event)))
+                    yield ndjson(_chunk(c, pieces, calls, done=False, **_logprobs(c, pending)))
+                    pending = []
+                yield ndjson(_chunk(c, Pieces(), 0, **_final(c, event), **_logprobs(c, pending)))
             else:
                 yield ndjson({"error": event.message})
 
-    def whole(self, c: Completion, text: str, end: Finished) -> dict[str, Any]:
+    def whole(self, c: Completion, text: str, end: Finished,
+              logprobs: tuple[TokenLogprob, ...] = ()) -> dict[str, Any]:
         pieces = c.read_whole(text)
-        return _chunk(c, pieces, 0, **_final(c, end))
+        return _chunk(c, pieces, 0, **_final(c, end), **_logprobs(c, logprobs))
+
+
+def _logprobs(c: Completion, logprobs: Sequence[TokenLogprob]) -> dict[str, Any]:
+    """Ollama's `logprobs` of a chunk's tokens, when the request asked for them."""
+    return {} if c.logprobs is None else {"logprobs": [logprob_json(x) for x in logprobs]}
 
 
 def think_of(data: dict[str, Any]) -> bool:
@@ -96,9 +109,9 @@ def format_of(data: dict[str, Any]) -> str | None:
     return json_schema(value, "format")
 
 
-def options_of(served: ServedModel, options: dict[str, Any]) -> dict[str, Any]:
-    """A request's `options` over the served model's Modelfile defaults over Ollama's own."""
-    where = "options."
+def options_of(served: ServedModel, options: dict[str, Any], where: str = "options.") -> dict[str, Any]:
+    """A request's `options` over the served model's Modelfile defaults over Ollama's own (`where`: how errors name
+    them; Anthropic's dialect passes its top-level sampling fields, as Ollama's Anthropic layer does)."""
     for key, neutral in _NEUTRAL_OPTIONS.items():
         if field(options, key, float, neutral, where) != neutral:
             raise bad(f"{where}{key}: not supported (leave it out or use {neutral}); the repeat penalty is "

@@ -1,6 +1,6 @@
-"""What the Ollama and OpenAI dialects share: the neutral completion request each parses its bodies into, the
-field readers whose errors name the field (every malformed request is answered 400, never 5xx), the prompt in
-the training template, and the sampling parameters a completion request comes to."""
+"""What the Ollama, OpenAI and Anthropic dialects share: the neutral completion request each parses its bodies
+into, the field readers whose errors name the field (every malformed request is answered 400, never 5xx), the
+prompt in the training template, and the sampling parameters a completion request comes to."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import dataclasses
 import json
 import re
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from dataclasses import field as dataclass_field
 from typing import Any, Protocol
@@ -19,7 +19,7 @@ from gemmaforge.chat.reading import AnswerReader, Pieces, read_whole
 from gemmaforge.chat.tools import Tool, normalize_call, normalize_tool
 from gemmaforge.errors import UserError
 from gemmaforge.families import Family
-from gemmaforge.inference.jobs import Event, Finished, Params
+from gemmaforge.inference.jobs import MAX_TOP_LOGPROBS, Candidate, Event, Finished, Params, TokenLogprob
 from gemmaforge.intake import MAX_PIXELS, base64_bytes, decode_picture
 
 # Ollama's own defaults, which Params carries
@@ -61,6 +61,7 @@ class Completion:
     reading: ChatFormat | None = None  # the answer is read in this format (thinking, tool calls); None: raw text
     tools: bool = False  # the request offered tools: calls are read back
     images: tuple[Any, ...] = ()  # decoded, in the order of their placeholders in `prompt`
+    logprobs: int | None = None  # Params.logprobs: None, or how many of the likeliest tokens to add to each
     started_ns: int = dataclass_field(default_factory=time.perf_counter_ns)
 
     def reader(self) -> AnswerReader | None:
@@ -113,7 +114,10 @@ class Dialect(Protocol):
 
     def stream(self, c: Completion, events: AsyncIterator[Event]) -> AsyncIterator[bytes]: ...
 
-    def whole(self, c: Completion, text: str, end: Finished) -> dict[str, Any]: ...
+    def whole(self, c: Completion, text: str, end: Finished,
+              logprobs: tuple[TokenLogprob, ...] = ()) -> dict[str, Any]:
+        """The whole answer: its text, how it ended, and its tokens' log-probabilities if c.logprobs asked."""
+        ...
 
 
 def parse_json(body: bytes) -> dict[str, Any]:
@@ -207,12 +211,18 @@ def image_url(part: dict[str, Any], where: str, pictures: Pictures) -> Any:
     url = url.get("url") if isinstance(url, dict) else url
     if not isinstance(url, str):
         raise bad(f"{where}image_url.url: expected a string")
+    return data_uri_image(url, f"{where}image_url", pictures, ".url")
+
+
+def data_uri_image(url: str, where: str, pictures: Pictures, key: str = "") -> Any:
+    """The image of a data URI that `where` holds (at `key` within it: Chat Completions' image_url.url; the
+    Responses API's image_url is the URI itself); remote URLs are refused, never fetched."""
     if url.startswith(("http://", "https://")):
-        raise bad(f"{where}image_url: remote URLs are not fetched by this server; send the image itself as a data "
-                  "URI (data:image/png;base64,...)")
+        raise bad(f"{where}: remote URLs are not fetched by this server; send the image itself as a data URI "
+                  "(data:image/png;base64,...)")
     if not (url.startswith("data:") and url.partition(",")[0].endswith(";base64")):
-        raise bad(f"{where}image_url.url: expected a data URI (data:image/png;base64,...)")
-    return pictures.decode(url, f"{where}image_url")
+        raise bad(f"{where}{key}: expected a data URI (data:image/png;base64,...)")
+    return pictures.decode(url, where)
 
 
 def _content(m: dict[str, Any], where: str, openai: bool, placeholder: str,
@@ -246,20 +256,30 @@ def images_in(messages: list[Message]) -> tuple[Any, ...]:
     return tuple(image for m in messages for image in m.get("images", ()))
 
 
+def each_message(data: dict[str, Any]) -> Iterator[tuple[str, dict[str, Any]]]:
+    """A request's `messages` (at least one, each an object): where each is, as errors name it, and the message."""
+    messages = field(data, "messages", list)
+    if not messages:
+        raise bad("messages: at least one message is required")
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict):
+            raise bad(f"messages[{i}]: expected an object with role and content")
+        yield f"messages[{i}].", m
+
+
+def compact(message: Message) -> Message:
+    """A message without the keys it leaves empty (its content is kept, even empty)."""
+    return {k: v for k, v in message.items() if v or k == "content"}
+
+
 def messages_of(data: dict[str, Any], placeholder: str, openai: bool = False) -> list[Message]:
     """A request's messages as chat Messages: text contents with `placeholder` where an image goes (the decoded
     images under "images"), an assistant's tool calls and thinking (Ollama's `thinking`, OpenAI-compatible
     servers' `reasoning_content`), a tool result's function (Ollama's `tool_name`, OpenAI's `tool_call_id` naming a
     call)."""
-    messages = field(data, "messages", list)
-    if not messages:
-        raise bad("messages: at least one message is required")
     out = []
     pictures = Pictures()
-    for i, m in enumerate(messages):
-        where = f"messages[{i}]."
-        if not isinstance(m, dict):
-            raise bad(f"messages[{i}]: expected an object with role and content")
+    for where, m in each_message(data):
         role = field(m, "role", str, where=where)
         role = "system" if openai and role == "developer" else role
         if role not in _ROLES:
@@ -278,7 +298,7 @@ def messages_of(data: dict[str, Any], placeholder: str, openai: bool = False) ->
         elif role == "tool":
             message.update(name=field(m, "name" if openai else "tool_name", str, "", where),
                            tool_call_id=field(m, "tool_call_id", str, "", where))
-        out.append({k: v for k, v in message.items() if v or k == "content"})
+        out.append(compact(message))
     return out
 
 
@@ -290,9 +310,10 @@ def tools_of(data: dict[str, Any]) -> list[Tool]:
         raise bad(str(e)) from None
 
 
-def check_think(served: ServedModel, think: bool) -> bool:
+def check_think(served: ServedModel, think: bool, key: str = "think") -> bool:
+    """`think`, if the served model can think (else a 400 naming the request's field `key`)."""
     if think and not served.family.chat.thinking:
-        raise bad(f"think: {served.name} does not support thinking (the {served.family.name} chat format has no "
+        raise bad(f"{key}: {served.name} does not support thinking (the {served.family.name} chat format has no "
                   "thought channel; Gemma 4 models think)")
     return think
 
@@ -351,11 +372,12 @@ def json_schema(schema: Any, where: str) -> str:
     return json.dumps(schema)
 
 
-def stops(data: dict[str, Any], where: str = "") -> tuple[str, ...]:
-    stop = field(data, "stop", (list, str), [], where)
+def stops(data: dict[str, Any], where: str = "", key: str = "stop") -> tuple[str, ...]:
+    """The stop strings under `key` (Ollama's and OpenAI's stop, Anthropic's stop_sequences)."""
+    stop = field(data, key, (list, str), [], where)
     stop = [stop] if isinstance(stop, str) else stop
     if not all(isinstance(s, str) for s in stop):
-        raise bad(f"{where}stop: expected a string or an array of strings")
+        raise bad(f"{where}{key}: expected a string or an array of strings")
     return tuple(stop)
 
 
@@ -381,4 +403,26 @@ def sampling_params(c: Completion, limits: Limits, n_prompt: int, num_ctx: int) 
         raise bad("num_predict / max_tokens: must be at least 1")
     return Params(max_tokens=min(predict, room, limits.max_tokens), temperature=o["temperature"], top_p=o["top_p"],
                   top_k=o["top_k"] or 0, min_p=o["min_p"], seed=seed, repeat_penalty=o["repeat_penalty"],
-                  repeat_last_n=o["repeat_last_n"], stop=c.stop, grammar=c.grammar)
+                  repeat_last_n=o["repeat_last_n"], stop=c.stop, grammar=c.grammar, logprobs=c.logprobs)
+
+
+def logprobs_of(data: dict[str, Any]) -> int | None:
+    """Ollama's and OpenAI's chat `logprobs` (true: each answer token's log-probability) with `top_logprobs` (how
+    many of the likeliest tokens to add, 0-20): Completion.logprobs."""
+    top = field(data, "top_logprobs", int)
+    if top is not None and not 0 <= top <= MAX_TOP_LOGPROBS:
+        raise bad(f"top_logprobs: {top} is out of range [0, {MAX_TOP_LOGPROBS}]")
+    if not field(data, "logprobs", bool, False):
+        if top:
+            raise bad("top_logprobs: needs logprobs: true")
+        return None
+    return top or 0
+
+
+def logprob_json(logprob: TokenLogprob) -> dict[str, Any]:
+    """A token's log-probabilities as Ollama and OpenAI's chat completions write them."""
+    return {**candidate_json(logprob), "top_logprobs": [candidate_json(c) for c in logprob.top]}
+
+
+def candidate_json(c: Candidate) -> dict[str, Any]:
+    return {"token": c.token, "logprob": c.logprob, "bytes": list(c.raw)}

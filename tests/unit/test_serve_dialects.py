@@ -201,7 +201,8 @@ def test_raw_generate_continues_the_text_as_sent() -> None:
     (OPENAI, {"messages": [{"role": "user", "content": "x"}], "presence_penalty": 0.5}, GEMMA3, "presence_penalty"),
     (OPENAI, {"messages": [{"role": "user", "content": "x"}], "temperature": "hot"}, GEMMA3,
      "temperature: expected number, got string"),
-    (OPENAI, {"messages": [{"role": "user", "content": "x"}], "reasoning_effort": "max"}, GEMMA4, "reasoning_effort"),
+    (OPENAI, {"messages": [{"role": "user", "content": "x"}], "reasoning_effort": "maximal"}, GEMMA4,
+     "reasoning_effort"),
     (OPENAI, {"messages": [{"role": "user", "content": "x"}], "reasoning_effort": "high"}, GEMMA3,
      "does not support thinking"),
     (OPENAI, {"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "xml"}}, GEMMA3,
@@ -247,7 +248,7 @@ def test_openai_whole_answer_with_usage_and_finish_reason() -> None:
     answer = OPENAI.whole(c, "Hello there.", END)
     assert answer["object"] == "chat.completion" and answer["id"].startswith("chatcmpl-")
     assert answer["choices"] == [{"index": 0, "message": {"role": "assistant", "content": "Hello there."},
-                                  "finish_reason": "stop"}]
+                                  "logprobs": None, "finish_reason": "stop"}]
     assert answer["usage"] == {"prompt_tokens": 12, "completion_tokens": 3, "total_tokens": 15}
     cut = OPENAI.whole(c, "Hel", Finished("length", 12, 3, 0, 0))
     assert cut["choices"][0]["finish_reason"] == "length"

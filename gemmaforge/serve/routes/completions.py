@@ -1,23 +1,26 @@
-"""The four completion routes, one path (`complete`): a dialect (ollama_api.py, openai_api.py) parses the body
+"""The completion routes, one path (`complete`): a dialect (ollama_api.py, openai_api.py for chat completions and
+completions, responses_api.py for OpenAI's Responses, anthropic_api.py for Anthropic's Messages) parses the body
 into a neutral Completion (protocol.py), the served model's engine generates it, and the dialect renders the
 events back, streamed or whole; a new API is a new dialect, not new routes' worth of generation code."""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from gemmaforge.inference.jobs import Delta, Event, Failed, Finished, Job
+from gemmaforge.inference.jobs import Delta, Event, Failed, Finished, Job, TokenLogprob
 from gemmaforge.serve import protocol as p
+from gemmaforge.serve.anthropic_api import AnthropicDialect
 from gemmaforge.serve.ollama_api import OllamaDialect
 from gemmaforge.serve.openai_api import OpenAIDialect
 from gemmaforge.serve.protocol import ApiError, Dialect, LoadOnly, bad
+from gemmaforge.serve.responses_api import ResponsesDialect
 from gemmaforge.serve.state import AppState, State
 
-OLLAMA, OPENAI = OllamaDialect(), OpenAIDialect()
+OLLAMA, OPENAI, RESPONSES, ANTHROPIC = OllamaDialect(), OpenAIDialect(), ResponsesDialect(), AnthropicDialect()
 
 router = APIRouter()
 
@@ -55,28 +58,43 @@ async def complete(request: Request, state: AppState, dialect: Dialect, chat: bo
     if completion.stream:
         first = await first_event(stream)  # a full queue is still a plain 503, before the stream starts
         return StreamingResponse(dialect.stream(completion, prepend(first, stream)), media_type=dialect.media_type)
-    text, end = await collect(stream)
-    return JSONResponse(dialect.whole(completion, text, end))
+    text, end, logprobs = await collect(stream)
+    return JSONResponse(dialect.whole(completion, text, end, logprobs))
 
 
-@router.post("/api/generate")
-async def ollama_generate(request: Request, state: State) -> Response:
-    return await complete(request, state, OLLAMA, chat=False)
+# each completion route: the dialect that reads and answers it, and whether it is a chat
+ROUTES: dict[str, tuple[Dialect, bool]] = {
+    "/api/generate": (OLLAMA, False), "/api/chat": (OLLAMA, True), "/v1/chat/completions": (OPENAI, True),
+    "/v1/completions": (OPENAI, False), "/v1/responses": (RESPONSES, True), "/v1/messages": (ANTHROPIC, True)}
 
 
-@router.post("/api/chat")
-async def ollama_chat(request: Request, state: State) -> Response:
-    return await complete(request, state, OLLAMA, chat=True)
+def completion_route(dialect: Dialect, chat: bool) -> Callable[[Request, AppState], Awaitable[Response]]:
+    async def route(request: Request, state: State) -> Response:
+        return await complete(request, state, dialect, chat)
+
+    return route
 
 
-@router.post("/v1/chat/completions")
-async def openai_chat(request: Request, state: State) -> Response:
-    return await complete(request, state, OPENAI, chat=True)
+for path, (dialect, chat) in ROUTES.items():
+    router.add_api_route(path, completion_route(dialect, chat), methods=["POST"])
 
 
-@router.post("/v1/completions")
-async def openai_completions(request: Request, state: State) -> Response:
-    return await complete(request, state, OPENAI, chat=False)
+@router.post("/v1/messages/count_tokens")
+async def anthropic_count_tokens(request: Request, state: State) -> dict[str, int]:
+    """The tokens of the prompt a /v1/messages request would send, its images as the model reads them."""
+    data = await state.body(request)
+    served, _keep = await state.ready(data)
+    try:
+        prompt, images, _tools = await asyncio.to_thread(ANTHROPIC.prompt, data, served)
+        if not images:
+            return {"input_tokens": len(served.engine.encode(prompt))}
+        try:  # a model without vision refuses them here, as it does a completion's
+            ids, _inputs = await asyncio.to_thread(served.engine.encode_images, prompt, list(images))
+        except ValueError as e:
+            raise bad(f"images: {served.name}: {e}") from None
+        return {"input_tokens": len(ids)}
+    finally:
+        state.registry.keep(served.name)
 
 
 async def first_event(stream: AsyncIterator[Event]) -> Event:
@@ -96,13 +114,15 @@ async def prepend(first: Event, rest: AsyncIterator[Event]) -> AsyncIterator[Eve
             yield event
 
 
-async def collect(stream: AsyncIterator[Event]) -> tuple[str, Finished]:
-    parts = []
+async def collect(stream: AsyncIterator[Event]) -> tuple[str, Finished, tuple[TokenLogprob, ...]]:
+    parts: list[str] = []
+    logprobs: list[TokenLogprob] = []
     async for event in stream:
         if isinstance(event, Delta):
             parts.append(event.text)
+            logprobs += event.logprobs
         elif isinstance(event, Failed):
             raise ApiError(500, event.message, "api_error")
         else:
-            return "".join(parts), event
+            return "".join(parts), event, tuple(logprobs)
     raise ApiError(499, "client closed the request")
