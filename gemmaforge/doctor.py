@@ -32,6 +32,7 @@ from typing import Any
 
 from gemmaforge import __version__
 from gemmaforge.system.gpu_tools import GpuQuery, query_gpus
+from gemmaforge.system.llamacpp_build import BUILD_LINES, llama_cpp_backends
 from gemmaforge.system.memory import total_ram
 from gemmaforge.system.rocm import (
     AMD_VENDOR_ID,
@@ -128,6 +129,7 @@ class Facts:
     kfd: list[KfdNode]
     bf16: tuple[bool, str]
     sdpa: tuple[str | None, str] | None  # (fused backend or None, reason); None when torch cannot run
+    llama_backends: list[str] | None = None  # what llama-cpp-python was built for; None: not importable
 
     @property
     def amd_present(self) -> bool:
@@ -177,7 +179,15 @@ def gather(host: Host | None = None, tools: Callable[[], GpuQuery] = query_gpus)
             sdpa = fused_attention_backend(256, torch.bfloat16 if bf16[0] else torch.float32, device)
         except Exception as exc:  # noqa: BLE001 - the probe itself failing is what it reports
             sdpa = (None, f"{type(exc).__name__}: {exc}")
-    return Facts(host, facts, tools(), kfd_gpus(host.sysfs), bf16 or (False, "torch is not usable"), sdpa)
+    return Facts(host, facts, tools(), kfd_gpus(host.sysfs), bf16 or (False, "torch is not usable"), sdpa,
+                 _llama_backends())
+
+
+def _llama_backends() -> list[str] | None:
+    try:
+        return llama_cpp_backends()
+    except Exception:  # noqa: BLE001 - not installed, or a build that fails to load: check_llama_cpp says which
+        return None
 
 
 # ---------------------------------------------------------------------------- checks
@@ -490,7 +500,13 @@ def check_llama_cpp(f: Facts) -> Finding:
     if version is None:
         return Finding("warn", f"llama-cpp-python not installed: K-quant GGUF export, "
                        f"`export verify` and `--engine llamacpp` need it{tools}", "pip install llama-cpp-python")
-    return Finding("pass", f"llama-cpp-python {version}{tools}")
+    backends = f.llama_backends
+    built = f" built for {', '.join(backends)}" if backends else ""
+    gpu = "ROCm" if f.torch.hip else "CUDA" if f.torch.cuda and f.torch.devices else None
+    if gpu and backends is not None and gpu not in backends:  # `serve --engine llamacpp` would run on the CPU
+        return Finding("warn", f"llama-cpp-python {version}{built}: without {gpu}, `serve --engine llamacpp` "
+                       f"decodes on the CPU{tools}", BUILD_LINES[gpu])
+    return Finding("pass", f"llama-cpp-python {version}{built}{tools}")
 
 
 @check("ollama", "Ollama")

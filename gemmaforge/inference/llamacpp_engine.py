@@ -1,6 +1,7 @@
 """A GGUF file served through llama.cpp (llama-cpp-python), one request at a time as llama.cpp's own
-single-slot server does. Prompts are the same token ids the transformers engine sees; stop tokens, stop
-strings and streaming go through the same TextStream, so both engines answer alike."""
+single-slot server does, on the GPU when the installed build has a GPU backend. Prompts are the same token ids the
+transformers engine sees; stop tokens, stop strings and streaming go through the same TextStream, so both engines
+answer alike."""
 
 from __future__ import annotations
 
@@ -17,18 +18,22 @@ from gemmaforge.families import Family
 from gemmaforge.inference.jobs import Answer, Finished, Job, QueueFull, TextStream, TokenLogprob, decode_with_markers
 from gemmaforge.inference.llamacpp_images import Projector
 from gemmaforge.inference.sampling import token_logprob
+from gemmaforge.system.llamacpp_build import gpu_layers
 from gemmaforge.vision import check_placeholders
 
 
 class LlamaCppEngine:
     kind = "llamacpp"
-    device = "cpu"  # no layers are offloaded to a GPU
 
     def __init__(self, gguf: Path, family: Family, *, num_ctx: int = 4096, max_queue: int = 64,
                  files: list[Path] | None = None, mmproj: Path | None = None, no_vision: str | None = None):
         import llama_cpp
 
-        self.llm = llama_cpp.Llama(model_path=str(gguf), n_ctx=num_ctx, n_threads=os.cpu_count(), verbose=False)
+        # every layer on the GPU where llama-cpp-python was built with one (GGML_CUDA, GGML_HIP): docs/gpu-setup.md
+        layers = gpu_layers()
+        self.device = "cuda" if layers else "cpu"  # /api/ps: the weights in GPU memory
+        self.llm = llama_cpp.Llama(model_path=str(gguf), n_ctx=num_ctx, n_threads=os.cpu_count(), n_gpu_layers=layers,
+                                   verbose=False)
         self.vision: Projector | None = None  # images: through the projector beside the file
         self.no_vision = no_vision or (f"no projector (mmproj*.gguf) beside {gguf.name}: llama.cpp reads images "
                                        "with the projector that `gemmaforge export gguf` writes for a multimodal model")

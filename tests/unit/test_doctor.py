@@ -271,6 +271,26 @@ def test_the_rocm_wheel_index_and_the_tools_come_from_the_injected_host(tmp_path
     assert doc.check_ollama(nothing).status == "warn" and "llama-server" not in doc.check_llama_cpp(nothing).detail
 
 
+def test_doctor_says_which_backends_llama_cpp_was_built_for(tmp_path) -> None:
+    """A CUDA or ROCm machine whose llama-cpp-python has no GPU backend is told that `serve --engine llamacpp` runs
+    on the CPU and how to rebuild it; a build with the machine's backend passes. The installed (CPU) build lists
+    its backends from llama.cpp's own system info."""
+    from gemmaforge.system.llamacpp_build import gpu_layers, llama_cpp_backends
+
+    host = doc.Host(env={"PATH": ""}, home=tmp_path, runs=tmp_path)
+    nvidia = doc.TorchFacts("2.6.0+cu126", None, "12.6", [{"name": "H100", "arch": "sm_90", "memory_bytes": 1}])
+    facts = doc.Facts(host, nvidia, GpuQuery([], []), [], (True, "x"), None, ["CPU"])
+    finding = doc.check_llama_cpp(facts)
+    assert finding.status == "warn" and "without CUDA" in finding.detail and "-DGGML_CUDA=on" in finding.fix
+    assert doc.check_llama_cpp(replace(facts, llama_backends=["CUDA", "CPU"])).status == "pass"
+    rocm = replace(facts, torch=doc.TorchFacts("2.6.0+rocm6.4", "6.4.0", None), llama_backends=["CPU"])
+    assert "-DGGML_HIP=on" in doc.check_llama_cpp(rocm).fix
+    assert doc.check_llama_cpp(replace(rocm, llama_backends=["ROCm", "CPU"])).status == "pass"
+    backends = llama_cpp_backends()  # this machine's build: the CPU backend, and a GPU one where it was built in
+    assert "CPU" in backends and gpu_layers() == (-1 if len(backends) > 1 else 0)
+    assert doc.check_llama_cpp(replace(facts, torch=doc.TorchFacts("2.6.0"))).detail.endswith("built for CPU")
+
+
 def test_the_hugging_face_token_is_looked_for_where_huggingface_hub_keeps_it(tmp_path) -> None:
     (tmp_path / "hf").mkdir()
     facts = doc.Facts(doc.Host(env={"HF_HOME": str(tmp_path / "hf")}, home=tmp_path, runs=tmp_path),
