@@ -20,6 +20,8 @@ out of time does not stop the next. Steps:
 - merge_export_verify: merge the bf16 run (in place, from the full-precision base), write its f16 GGUF, and
   `export verify` it in llama.cpp (top-1 agreement with the merged model);
 - serve: `gemmaforge serve` with the transformers engine on the GPU: 1 client (streamed) and 8 clients at once;
+- generate_static: transformers' own `generate` with a static cache on the merged model, the same questions and
+  answer length, one at a time: the single-client speed the serve step is held against (issue: >= 0.8x);
 - vllm: `export vllm` and vLLM on the merged folder and with the adapter, when vLLM is installed.
 
 Results: DIR/gpu_check.json (every step's figures and status) and DIR/summary.md; DIR/doctor.json; DIR/log.txt
@@ -49,9 +51,9 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 STEPS = {  # name -> time limit (s); the whole check is also held to --budget-s
     "environment": 60, "doctor": 90, "matmul": 60, "model": 120, "train_bf16": 180, "qlora": 150,
-    "merge_export_verify": 150, "serve": 150, "vllm": 240,
+    "merge_export_verify": 150, "serve": 150, "generate_static": 150, "vllm": 240,
 }
-GPU_STEPS = {"matmul", "train_bf16", "qlora", "merge_export_verify", "serve", "vllm"}
+GPU_STEPS = {"matmul", "train_bf16", "qlora", "merge_export_verify", "serve", "generate_static", "vllm"}
 OPTIONAL = {"bitsandbytes": "qlora", "llama_cpp": "merge_export_verify (verify)", "vllm": "vllm",
             "fastapi": "serve", "uvicorn": "serve", "httpx": "serve"}
 TRAIN = {"max_steps": 40, "per_device_train_batch_size": 8, "cutoff_len": 512, "packing": True,
@@ -262,19 +264,29 @@ def step_merge_export_verify(args: argparse.Namespace) -> dict[str, Any]:
             "positions": report["positions"]}
 
 
+def coffee_questions() -> list[str]:
+    import yaml
+
+    suite = yaml.safe_load((ROOT / "examples" / "suites" / "coffee.yaml").read_text(encoding="utf-8"))
+    return [c["prompt"] for c in suite["cases"]]
+
+
+def answer_lengths(args: argparse.Namespace) -> tuple[int, int]:
+    """(max_tokens, requests per client): --cpu proves the plumbing, not the speed: fewer and shorter answers."""
+    return (16, 1) if args.cpu else (64, 4)
+
+
 def step_serve(args: argparse.Namespace) -> dict[str, Any]:
     need_gpu(args)
     for module in ("fastapi", "uvicorn", "httpx"):
         need(module)
     sys.path.insert(0, str(Path(__file__).parent))
-    import yaml
     from serve_throughput import free_port, measure, start
 
     run = args.work / "train_bf16"
     if not (run / "adapter" / "adapter_config.json").is_file():
         raise Skipped("train_bf16 left no adapter")
-    questions = [c["prompt"] for c in yaml.safe_load((ROOT / "examples" / "suites" / "coffee.yaml").read_text(
-        encoding="utf-8"))["cases"]]
+    questions = coffee_questions()
     port = free_port()
     env_path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
     os.environ["PYTHONPATH"] = env_path
@@ -284,8 +296,7 @@ def step_serve(args: argparse.Namespace) -> dict[str, Any]:
         from gemmaforge.runs import RunDir
 
         name = RunDir.open(run).config().export.ollama.name or run.name  # the name serve gives the run
-        # --cpu proves the plumbing, not the speed: fewer and shorter answers
-        max_tokens, requests = (16, 1) if args.cpu else (64, 4)
+        max_tokens, requests = answer_lengths(args)
         figures = measure("transformers", f"http://127.0.0.1:{port}", name, questions,
                           argparse.Namespace(max_tokens=max_tokens, requests=requests, clients=8))
     finally:
@@ -293,6 +304,21 @@ def step_serve(args: argparse.Namespace) -> dict[str, Any]:
         process.wait(timeout=30)
     return {"max_tokens": max_tokens, "clients": 8,
             **{k: round(v, 1) for k, v in figures.items() if k != "engine"}}
+
+
+def step_generate_static(args: argparse.Namespace) -> dict[str, Any]:
+    need_gpu(args)
+    sys.path.insert(0, str(Path(__file__).parent))
+    from serve_throughput import generate_static
+
+    merged = args.work / "train_bf16" / "merged"
+    if not (merged / "config.json").is_file():
+        raise Skipped("merge_export_verify left no merged folder")
+    max_tokens, requests = answer_lengths(args)
+    figures = generate_static(merged, coffee_questions(), argparse.Namespace(max_tokens=max_tokens,
+                                                                              requests=requests))
+    return {"max_tokens": max_tokens, **{k: v if k == "engine" else round(v, 1) for k, v in figures.items()
+                                          if k != "aggregate_tok_s"}}
 
 
 def step_vllm(args: argparse.Namespace) -> dict[str, Any]:
