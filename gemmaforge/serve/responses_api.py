@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from dataclasses import field as dataclass_field
 from typing import Any
@@ -18,7 +18,7 @@ from typing import Any
 from gemmaforge.chat.conversation import Message
 from gemmaforge.chat.reading import Pieces
 from gemmaforge.chat.tools import Tool, ToolCall, normalize_call, normalize_tool
-from gemmaforge.inference.jobs import Delta, Event, Finished
+from gemmaforge.inference.jobs import MAX_TOP_LOGPROBS, Delta, Event, Finished, TokenLogprob
 from gemmaforge.serve.openai_api import options_of, output_format, sse, think_of, tool_choice
 from gemmaforge.serve.protocol import (
     Completion,
@@ -29,6 +29,7 @@ from gemmaforge.serve.protocol import (
     data_uri_image,
     field,
     images_in,
+    logprob_json,
 )
 
 NOT_STORED = ("responses are not stored by this server (it is stateless, as Ollama's is): send the whole "
@@ -40,8 +41,8 @@ REFUSED = {
     "background": "background responses are not supported (nothing is kept to poll); stream instead",
     "prompt": "stored prompt templates are not supported; send instructions and input",
     "max_tool_calls": "not supported; the model decides how many functions to call",
-    "top_logprobs": "log-probabilities are not supported on /v1/responses",
 }
+LOGPROBS = "message.output_text.logprobs"  # the `include` that asks for the answer's log-probabilities
 ITEMS = "message, function_call, function_call_output or reasoning"
 ROLES = ("user", "system", "developer", "assistant")
 SUMMARIES = ("auto", "concise", "detailed")
@@ -61,20 +62,20 @@ class ResponsesDialect:
         for key, why in REFUSED.items():
             if data.get(key):
                 raise bad(f"{key}: {why}")
-        include = field(data, "include", list, [])
-        if "message.output_text.logprobs" in include:
-            raise bad(f"include: {REFUSED['top_logprobs']}")
         offered = function_tools(data)
         tools = offered if tool_choice(data) == "auto" else []
         messages = input_messages(data, served.family.chat.image)
-        prompt = chat_prompt(served, messages, tools, think_of(data))
+        think, logprobs = think_of(data), logprobs_of(data)
+        if think and logprobs is not None:  # the reader does not say which tokens wrote the thought
+            raise bad(f"include: {LOGPROBS} is not supported together with reasoning")
+        prompt = chat_prompt(served, messages, tools, think)
         options = options_of(served, data, ("max_output_tokens",))
         if options["num_predict"] is not None and options["num_predict"] < 1:
             raise bad("max_output_tokens: must be at least 1")
         text_format = field(field(data, "text", dict, {}), "format", dict, {"type": "text"}, "text.")
         return ResponsesCompletion(data["model"], prompt, True, field(data, "stream", bool, False), options,
                                    grammar=output_format(text_format, "text.format."), reading=served.family.chat,
-                                   tools=bool(tools), images=images_in(messages),
+                                   tools=bool(tools), images=images_in(messages), logprobs=logprobs,
                                    echo=echo_of(data, offered, options, text_format))
 
     async def stream(self, c: Completion, events: AsyncIterator[Event]) -> AsyncIterator[bytes]:
@@ -83,7 +84,7 @@ class ResponsesDialect:
             yield sse(out, out["type"])
         async for event in events:
             if isinstance(event, Delta):
-                sent = writer.add(reader.feed(event.text) if reader else Pieces(event.text))
+                sent = writer.add(reader.feed(event.text) if reader else Pieces(event.text), event.logprobs)
             elif isinstance(event, Finished):
                 sent = writer.add(reader.finish() if reader else Pieces()) + writer.finish(event)
             else:
@@ -91,16 +92,26 @@ class ResponsesDialect:
             for out in sent:
                 yield sse(out, out["type"])
 
-    def whole(self, c: Completion, text: str, end: Finished, logprobs: tuple[Any, ...] = ()) -> dict[str, Any]:
-        """The streamed answer's steps taken at once, and the response object they end with (no logprobs: the
-        request cannot ask for them)."""
+    def whole(self, c: Completion, text: str, end: Finished,
+              logprobs: tuple[TokenLogprob, ...] = ()) -> dict[str, Any]:
+        """The streamed answer's steps taken at once, and the response object they end with."""
         writer = Writer(c)
-        events = writer.add(c.read_whole(text)) + writer.finish(end)
+        events = writer.add(c.read_whole(text), logprobs) + writer.finish(end)
         response: dict[str, Any] = events[-1]["response"]
         return response
 
 
 # ---------------------------------------------------------------------------- the request
+
+
+def logprobs_of(data: dict[str, Any]) -> int | None:
+    """The Responses API asks for log-probabilities with include ["message.output_text.logprobs"], and for the
+    likeliest tokens at each position with top_logprobs (0-20): Completion.logprobs."""
+    include = field(data, "include", list, [])
+    top = field(data, "top_logprobs", int)
+    if top is not None and not 0 <= top <= MAX_TOP_LOGPROBS:
+        raise bad(f"top_logprobs: {top} is out of range [0, {MAX_TOP_LOGPROBS}]")
+    return (top or 0) if LOGPROBS in include else None
 
 
 def function_tools(data: dict[str, Any]) -> list[Tool]:
@@ -269,7 +280,8 @@ def echo_of(data: dict[str, Any], tools: list[Tool], options: dict[str, Any],
             "temperature": options["temperature"], "top_p": options["top_p"], "text": {"format": text_format},
             "reasoning": {"effort": reasoning.get("effort"), "summary": summary} if reasoning else None,
             "truncation": truncation, "metadata": field(data, "metadata", dict, {}), "store": False,
-            "background": False, "previous_response_id": None, "service_tier": "default", "top_logprobs": 0,
+            "background": False, "previous_response_id": None, "service_tier": "default",
+            "top_logprobs": field(data, "top_logprobs", int, 0),
             "max_tool_calls": None, "user": field(data, "user", str)}
 
 
@@ -284,22 +296,22 @@ class Part:
     part: str  # response.<part>.added / .done
     text: str  # response.<text>.delta / .done
     index: str  # the field that says which part
-    extra: dict[str, Any]  # what the text events carry besides
 
 
-PARTS = {"reasoning": Part("rs", "reasoning_summary_part", "reasoning_summary_text", "summary_index", {}),
-         "message": Part("msg", "content_part", "output_text", "content_index", {"logprobs": []})}
+PARTS = {"reasoning": Part("rs", "reasoning_summary_part", "reasoning_summary_text", "summary_index"),
+         "message": Part("msg", "content_part", "output_text", "content_index")}
 
 
-def part_of(kind: str, text: str) -> dict[str, Any]:
+def part_of(kind: str, text: str, logprobs: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     if kind == "reasoning":
         return {"type": "summary_text", "text": text}
-    return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
+    return {"type": "output_text", "text": text, "annotations": [], "logprobs": logprobs or []}
 
 
-def item_of(kind: str, ident: str, text: str | None, status: str) -> dict[str, Any]:
+def item_of(kind: str, ident: str, text: str | None, status: str,
+            logprobs: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     """A reasoning or message output item; `text` None: just added, with no part yet."""
-    parts = [] if text is None else [part_of(kind, text)]
+    parts = [] if text is None else [part_of(kind, text, logprobs)]
     if kind == "reasoning":
         return {"id": ident, "type": "reasoning", "summary": parts}
     return {"id": ident, "type": "message", "role": "assistant", "status": status, "content": parts}
@@ -321,6 +333,8 @@ class Writer:
         self.items: list[dict[str, Any]] = []  # the finished output items
         self.kind: str | None = None  # of the item being written ("reasoning" or "message"), its id and text
         self.item_id, self.text = "", ""
+        self.logprobs: list[dict[str, Any]] = []  # of the message being written (Completion.logprobs)
+        self.pending: list[TokenLogprob] = []  # of text the reader holds back
 
     def event(self, kind: str, **data: Any) -> dict[str, Any]:
         self.sequence += 1
@@ -338,11 +352,15 @@ class Writer:
         return [self.event(f"response.{kind}", response=self.response("in_progress"))
                 for kind in ("created", "in_progress")]
 
-    def add(self, pieces: Pieces) -> list[dict[str, Any]]:
-        """The events of what the reader read: thought, answer text, calls, in the order the model writes them."""
+    def add(self, pieces: Pieces, logprobs: Sequence[TokenLogprob] = ()) -> list[dict[str, Any]]:
+        """The events of what the reader read: thought, answer text, calls, in the order the model writes them.
+        `logprobs` (of the tokens read; never asked for with a thought) go with the answer's text."""
+        self.pending += logprobs
         events = self.write("reasoning", pieces.thinking) if pieces.thinking else []
         if pieces.content:
-            events += self.write("message", pieces.content)
+            events += self.write("message", pieces.content, [logprob_json(x) for x in self.pending])
+        if pieces.content or pieces.thinking:
+            self.pending = []
         for call in pieces.tool_calls:
             events += self.call(call)
         return events
@@ -360,7 +378,8 @@ class Writer:
 
     def fail(self, message: str) -> list[dict[str, Any]]:
         """An engine failure mid-stream: an `error` event, then the response failed with what it had so far."""
-        output = self.items + ([item_of(self.kind, self.item_id, self.text, "incomplete")] if self.kind else [])
+        output = self.items + ([item_of(self.kind, self.item_id, self.text, "incomplete", self.logprobs)]
+                               if self.kind else [])
         error = {"code": "server_error", "message": message}
         return [self.event("error", code="server_error", message=message, param=None),
                 self.event("response.failed", response=self.response("failed", error=error, output=output))]
@@ -370,14 +389,15 @@ class Writer:
         assert self.kind is not None
         return {"item_id": self.item_id, "output_index": len(self.items), PARTS[self.kind].index: 0}
 
-    def write(self, kind: str, text: str) -> list[dict[str, Any]]:
+    def write(self, kind: str, text: str, logprobs: list[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
         events = [] if self.kind == kind else self.close("completed") + self.open(kind)
         self.text += text
-        return [*events, self.event(f"response.{PARTS[kind].text}.delta", **self.at(), delta=text,
-                                    **PARTS[kind].extra)]
+        extra = {} if logprobs is None else {"logprobs": logprobs}  # a message's text events carry them
+        self.logprobs += logprobs or []
+        return [*events, self.event(f"response.{PARTS[kind].text}.delta", **self.at(), delta=text, **extra)]
 
     def open(self, kind: str) -> list[dict[str, Any]]:
-        self.kind, self.item_id, self.text = kind, f"{PARTS[kind].prefix}_{hex_id()}", ""
+        self.kind, self.item_id, self.text, self.logprobs = kind, f"{PARTS[kind].prefix}_{hex_id()}", "", []
         return [self.event("response.output_item.added", output_index=len(self.items),
                            item=item_of(kind, self.item_id, None, "in_progress")),
                 self.event(f"response.{PARTS[kind].part}.added", **self.at(), part=part_of(kind, ""))]
@@ -386,9 +406,10 @@ class Writer:
         if self.kind is None:
             return []
         kind, part = self.kind, PARTS[self.kind]
-        item = item_of(kind, self.item_id, self.text, status)
-        events = [self.event(f"response.{part.text}.done", **self.at(), text=self.text, **part.extra),
-                  self.event(f"response.{part.part}.done", **self.at(), part=part_of(kind, self.text)),
+        item = item_of(kind, self.item_id, self.text, status, self.logprobs)
+        extra = {"logprobs": self.logprobs} if kind == "message" else {}
+        events = [self.event(f"response.{part.text}.done", **self.at(), text=self.text, **extra),
+                  self.event(f"response.{part.part}.done", **self.at(), part=part_of(kind, self.text, self.logprobs)),
                   self.event("response.output_item.done", output_index=len(self.items), item=item)]
         self.items.append(item)
         self.kind = None

@@ -119,6 +119,26 @@ def test_text_whole_and_streamed_on_a_real_model(oai, served) -> None:
     assert text == longer.output_text and streamed[-1].response.output_text == text
 
 
+def test_log_probabilities_whole_and_streamed(oai, served) -> None:
+    """include ["message.output_text.logprobs"] with top_logprobs: the output_text part lists each answer token's
+    log-probability (its texts make the text) with the likeliest tokens, the greedy one first; streamed, each delta
+    carries its own tokens' and the done event all of them, the same as the whole answer's. Without the include,
+    none."""
+    body = {"model": "base", "input": QUESTION, "temperature": 0, "max_output_tokens": 6,
+            "include": ["message.output_text.logprobs"], "top_logprobs": 2}
+    whole = Response.model_validate(httpx.post(served[0] + "/v1/responses", json=body, timeout=60).json())
+    part = whole.output[0].content[0]
+    assert len(part.logprobs) == 6 and "".join(x.token for x in part.logprobs) == part.text
+    assert all(len(x.top_logprobs) == 2 and x.top_logprobs[0].token == x.token for x in part.logprobs)
+    events = raw_events(served[0], body)
+    deltas = [x for e in events if e["type"] == "response.output_text.delta" for x in e["logprobs"]]
+    done = next(e for e in events if e["type"] == "response.output_text.done")
+    assert [x["logprob"] for x in deltas] == [x["logprob"] for x in done["logprobs"]] \
+        == pytest.approx([x.logprob for x in part.logprobs], abs=1e-6)
+    plain = oai.responses.create(model="base", input=QUESTION, temperature=0, max_output_tokens=6)
+    assert plain.output[0].content[0].logprobs == [] and plain.output_text == part.text
+
+
 def test_instructions_and_developer_messages_are_the_system_prompt(oai, served) -> None:
     """`instructions` reach the prompt as its system turn, as a developer message in a list input does (input_text
     parts joined); the scripted answer comes back as the message's output_text, status completed."""
@@ -325,7 +345,10 @@ USER = {"role": "user", "content": "hi"}
     ({"input": "hi", "stream": "yes"}, "stream: expected boolean, got string"),
     ({"input": "hi", "background": True}, "background: background responses are not supported"),
     ({"input": "hi", "conversation": "conv_1"}, "conversation: responses are not stored"),
-    ({"input": "hi", "top_logprobs": 5}, "top_logprobs: log-probabilities are not supported"),
+    ({"input": "hi", "top_logprobs": 21, "include": ["message.output_text.logprobs"]},
+     "top_logprobs: 21 is out of range [0, 20]"),
+    ({"input": "hi", "include": ["message.output_text.logprobs"], "reasoning": {"effort": "low"}},
+     "include: message.output_text.logprobs is not supported together with reasoning"),
     ({"input": "hi", "truncation": "middle"}, "truncation: 'middle' is not supported"),
     ({"model": "base", "input": "hi", "reasoning": {"effort": "low"}}, "base:latest does not support thinking"),
     ({"model": "base", "input": "hi", "tools": [ORDER]}, "tools: base:latest does not support tools"),
