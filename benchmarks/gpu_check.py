@@ -22,6 +22,10 @@ out of time does not stop the next. Steps:
 - serve: `gemmaforge serve` with the transformers engine on the GPU: 1 client (streamed) and 8 clients at once;
 - generate_static: transformers' own `generate` with a static cache on the merged model, the same questions and
   answer length, one at a time: the single-client speed the serve step is held against (issue: >= 0.8x);
+- serve_profile: where the transformers engine's time goes with 1 and 8 requests at once, in ms per generated token:
+  the forwards (prefill and decode, the GPU synchronised), choosing each row's token, handing it to its answer
+  (text, stop checks, the event), and the rest (scheduling, the waiting client): what to make faster, measured
+  where it runs;
 - vllm: `export vllm` and vLLM on the merged folder and with the adapter, when vLLM is installed.
 
 Results: DIR/gpu_check.json (every step's figures and status) and DIR/summary.md; DIR/doctor.json; DIR/log.txt
@@ -51,9 +55,11 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 STEPS = {  # name -> time limit (s); the whole check is also held to --budget-s
     "environment": 60, "doctor": 90, "matmul": 60, "model": 120, "train_bf16": 180, "qlora": 150,
-    "merge_export_verify": 150, "serve": 150, "generate_static": 150, "vllm": 240,
+    "merge_export_verify": 150, "serve": 150, "generate_static": 150, "serve_profile": 120,
+    "vllm": 240,
 }
-GPU_STEPS = {"matmul", "train_bf16", "qlora", "merge_export_verify", "serve", "generate_static", "vllm"}
+GPU_STEPS = {"matmul", "train_bf16", "qlora", "merge_export_verify", "serve", "generate_static", "serve_profile",
+             "vllm"}
 OPTIONAL = {"bitsandbytes": "qlora", "llama_cpp": "merge_export_verify (verify)", "vllm": "vllm",
             "fastapi": "serve", "uvicorn": "serve", "httpx": "serve"}
 TRAIN = {"max_steps": 40, "per_device_train_batch_size": 8, "cutoff_len": 512, "packing": True,
@@ -319,6 +325,68 @@ def step_generate_static(args: argparse.Namespace) -> dict[str, Any]:
                                                                               requests=requests))
     return {"max_tokens": max_tokens, **{k: v if k == "engine" else round(v, 1) for k, v in figures.items()
                                           if k != "aggregate_tok_s"}}
+
+
+def step_serve_profile(args: argparse.Namespace) -> dict[str, Any]:
+    need_gpu(args)
+    import asyncio
+
+    import torch
+
+    from gemmaforge.inference.jobs import Delta, Job, Params
+    from gemmaforge.models import default_home
+    from gemmaforge.serve.server import ServeOptions, load_registry
+
+    run = args.work / "train_bf16"
+    if not (run / "adapter" / "adapter_config.json").is_file():
+        raise Skipped("train_bf16 left no adapter")
+    registry = load_registry([str(run)], ServeOptions(max_batch=8, dtype="fp32" if args.cpu else "auto"),
+                             default_home())
+    served = next(iter(registry.models.values()))
+    engine = served.engine
+    spent: dict[str, float] = {}
+
+    def timed(name: str, method: Any, sync: bool = False) -> Any:
+        def wrapper(*a: Any, **k: Any) -> Any:
+            begin = time.perf_counter()
+            out = method(*a, **k)
+            if sync and torch.cuda.is_available():
+                torch.cuda.synchronize()
+            spent[name] = spent.get(name, 0.0) + time.perf_counter() - begin
+            return out
+        return wrapper
+
+    sections = ("_forward", "_choose", "_accept")
+    for name in sections:  # the instance's own attribute, over the class's method
+        setattr(engine, name, timed(name, getattr(engine, name), sync=name == "_forward"))
+    max_tokens, _ = answer_lengths(args)
+    prompts = [engine.encode(served.family.chat.render([{"role": "user", "content": q}],
+                                                       add_generation_prompt=True).text) for q in coffee_questions()]
+
+    async def answer(prompt: list[int]) -> int:
+        job = Job(prompt, Params(max_tokens=max_tokens, temperature=0), served.adapter, asyncio.get_running_loop())
+        engine.submit(job)
+        while isinstance(event := await job.events.get(), Delta):
+            pass
+        return event.completion_tokens  # type: ignore[union-attr]  # the Finished that ended the loop
+
+    async def together(n: int) -> int:
+        return sum(await asyncio.gather(*(answer(prompts[i % len(prompts)]) for i in range(n))))
+
+    asyncio.run(together(1))  # warm-up
+    out: dict[str, Any] = {"max_tokens": max_tokens}
+    try:
+        for clients in (1, 8):
+            spent.clear()
+            begin = time.perf_counter()
+            tokens = asyncio.run(together(clients))
+            wall = time.perf_counter() - begin
+            per_token = {f"{name.strip('_')}_ms": round(1000 * spent.get(name, 0.0) / tokens, 3) for name in sections}
+            out[f"clients_{clients}"] = {"tokens": tokens, "tok_s": round(tokens / wall, 1), **per_token,
+                                         "rest_ms": round(1000 * wall / tokens - sum(per_token.values()), 3)}
+    finally:
+        registry.close()
+    return out
 
 
 def step_vllm(args: argparse.Namespace) -> dict[str, Any]:

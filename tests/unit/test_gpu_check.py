@@ -32,7 +32,8 @@ def test_dry_run_reports_every_step(tmp_path: Path) -> None:
     results = json.loads((out / "gpu_check.json").read_text())
     steps = results["steps"]
     assert list(steps) == list(load_script().STEPS)
-    for name in ("matmul", "train_bf16", "qlora", "merge_export_verify", "serve", "generate_static", "vllm"):
+    for name in ("matmul", "train_bf16", "qlora", "merge_export_verify", "serve", "generate_static", "serve_profile",
+                 "vllm"):
         assert steps[name] == {"status": "skipped", "reason": "no GPU: --dry-run"}
     assert steps["environment"]["status"] == "ok" and steps["environment"]["versions"]["torch"]
     assert steps["doctor"]["status"] == "ok" and json.loads((out / "doctor.json").read_text())["schema"]
@@ -76,7 +77,7 @@ def test_cpu_mode_runs_every_step_body_on_a_tiny_model(tmp_path: Path, tiny_gemm
     assert steps["qlora"]["status"] == "skipped" and "need a GPU" in steps["qlora"]["reason"]
     assert steps["vllm"]["status"] == "skipped"
     for name in ("environment", "doctor", "matmul", "model", "train_bf16", "merge_export_verify", "serve",
-                 "generate_static"):
+                 "generate_static", "serve_profile"):
         assert steps[name]["status"] == "ok", (name, steps[name], log[-3000:])
     assert steps["matmul"]["device"] == "cpu" and steps["matmul"]["bf16_tflops"] > 0
     assert steps["model"]["architecture"] == "Gemma3ForCausalLM" and steps["model"]["random_weights"]
@@ -87,3 +88,7 @@ def test_cpu_mode_runs_every_step_body_on_a_tiny_model(tmp_path: Path, tiny_gemm
     assert verify["merge_s"] > 0 and verify["export_gguf_s"] > 0 and verify["top1_agreement"] >= 0.9
     assert steps["serve"]["clients"] == 8
     assert steps["generate_static"]["decode_tok_s"] > 0 and "static cache (cpu" in steps["generate_static"]["engine"]
+    for clients in ("clients_1", "clients_8"):  # each section's time per token, and all of it accounted for
+        profile = steps["serve_profile"][clients]
+        assert profile["tokens"] > 0 and profile["forward_ms"] > 0 and profile["choose_ms"] > 0
+        assert profile["accept_ms"] > 0 and profile["rest_ms"] >= 0

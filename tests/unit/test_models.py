@@ -48,8 +48,9 @@ def test_the_embedded_model_is_converted_once_under_gemmaforge_home(tmp_path: Pa
 @pytest.mark.slow
 def test_a_local_gguf_is_converted_once_to_a_cached_safetensors_copy(tmp_path: Path, tiny_gemma3_dir: Path,
                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
-    """A real conversion (about 35 s on 2 cores: transformers reads the 262k-token vocabulary of the file twice)
-    of our f32 GGUF of the tiny Gemma 3: the same weights and tokenizer as the checkpoint it was written from."""
+    """A real conversion (transformers' GGUF loading, through our reader of the file: 19 s against 81 s through
+    the gguf package's reader, 2 busy cores) of our f32 GGUF of the tiny Gemma 3: the same weights and tokenizer
+    as the checkpoint it was written from."""
     from safetensors.torch import load_file
 
     from gemmaforge.export.gguf import write_gguf
