@@ -19,7 +19,7 @@ from gemmaforge.chat.reading import Pieces
 from gemmaforge.chat.tools import Tool, ToolCall, normalize_call, normalize_tool
 from gemmaforge.inference.jobs import Delta, Event, Finished, TokenLogprob
 from gemmaforge.serve.ollama_api import options_of
-from gemmaforge.serve.openai_api import tool_choice
+from gemmaforge.serve.openai_api import sse, tool_choice
 from gemmaforge.serve.protocol import (
     Completion,
     Pictures,
@@ -74,8 +74,8 @@ class AnthropicDialect:
         blocks = _Blocks()
         reader = c.reader()
         start = envelope(c, blocks.ident, [], {"stop_reason": None, "stop_sequence": None},
-                         {"input_tokens": 0, "output_tokens": 0})  # the prompt's count comes with message_delta
-        yield sse("message_start", {"type": "message_start", "message": start})
+                         {"input_tokens": c.prompt_tokens, "output_tokens": 0})
+        yield sse_event({"type": "message_start", "message": start})
         async for event in events:
             if isinstance(event, Delta):
                 for chunk in blocks.add(reader.feed(event.text) if reader else Pieces(event.text)):
@@ -86,7 +86,7 @@ class AnthropicDialect:
                 for chunk in blocks.end(event):
                     yield chunk
             else:
-                yield sse("error", error_body(500, event.message))
+                yield sse_event(error_body(500, event.message))
 
     def whole(self, c: Completion, text: str, end: Finished,
               logprobs: tuple[TokenLogprob, ...] = ()) -> dict[str, Any]:  # the Messages API has no logprobs
@@ -285,8 +285,8 @@ class _Blocks:
 
     def end(self, f: Finished) -> Iterator[bytes]:
         yield from self._close()
-        yield sse("message_delta", {"type": "message_delta", "delta": stop(f, self.called), "usage": usage(f)})
-        yield sse("message_stop", {"type": "message_stop"})
+        yield sse_event({"type": "message_delta", "delta": stop(f, self.called), "usage": usage(f)})
+        yield sse_event({"type": "message_stop"})
 
     def _extend(self, kind: str, delta: dict[str, Any]) -> Iterator[bytes]:
         if self.open != kind:
@@ -297,18 +297,18 @@ class _Blocks:
         yield from self._close()
         self.index += 1
         self.open = block["type"]
-        yield sse("content_block_start", {"type": "content_block_start", "index": self.index, "content_block": block})
+        yield sse_event({"type": "content_block_start", "index": self.index, "content_block": block})
 
     def _close(self) -> Iterator[bytes]:
         if self.open == "thinking":
             yield self._delta({"type": "signature_delta", "signature": signature("".join(self.thought))})
             self.thought = []
         if self.open is not None:
-            yield sse("content_block_stop", {"type": "content_block_stop", "index": self.index})
+            yield sse_event({"type": "content_block_stop", "index": self.index})
         self.open = None
 
     def _delta(self, delta: dict[str, Any]) -> bytes:
-        return sse("content_block_delta", {"type": "content_block_delta", "index": self.index, "delta": delta})
+        return sse_event({"type": "content_block_delta", "index": self.index, "delta": delta})
 
 
 def envelope(c: Completion, ident: str, content: list[dict[str, Any]], stopped: dict[str, Any],
@@ -354,5 +354,6 @@ def error_body(status: int, message: str) -> dict[str, Any]:
     return {"type": "error", "error": {"type": kind, "message": message}}
 
 
-def sse(event: str, data: dict[str, Any]) -> bytes:
-    return f"event: {event}\ndata: {json.dumps(data, ensure_ascii=False)}\n\n".encode()
+def sse_event(data: dict[str, Any]) -> bytes:
+    """An Anthropic server-sent event: named after its data's type."""
+    return sse(data, data["type"])

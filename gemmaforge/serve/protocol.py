@@ -62,6 +62,7 @@ class Completion:
     tools: bool = False  # the request offered tools: calls are read back
     images: tuple[Any, ...] = ()  # decoded, in the order of their placeholders in `prompt`
     logprobs: int | None = None  # Params.logprobs: None, or how many of the likeliest tokens to add to each
+    prompt_tokens: int = 0  # the prompt's length in tokens, once encoded (a stream's first event may report it)
     started_ns: int = dataclass_field(default_factory=time.perf_counter_ns)
 
     def reader(self) -> AnswerReader | None:

@@ -98,7 +98,8 @@ def events_of(stream: Any) -> list[str]:
 
 def test_text_whole_and_streamed_is_the_greedy_answer(tiny) -> None:
     """A whole answer is Anthropic's message with transformers' own greedy answer as its one text block, and the
-    streamed answer (text_stream, and the accumulated final message) is the same text, counts and stop reason."""
+    streamed answer (text_stream, and the accumulated final message) is the same text, counts and stop reason; the
+    stream's message_start already counts the prompt's tokens, as Anthropic's does."""
     client, registry = tiny
     whole = client.messages.create(model="base", max_tokens=12, messages=HI, extra_body=GREEDY)
     assert whole.type == "message" and whole.role == "assistant" and whole.id.startswith("msg_")
@@ -112,6 +113,8 @@ def test_text_whole_and_streamed_is_the_greedy_answer(tiny) -> None:
     assert streamed == whole.content[0].text and blocks(final.content) == blocks(whole.content)
     assert (final.stop_reason, final.usage.input_tokens, final.usage.output_tokens) == (
         whole.stop_reason, whole.usage.input_tokens, whole.usage.output_tokens)
+    events = list(client.messages.create(model="base", max_tokens=12, messages=HI, extra_body=GREEDY, stream=True))
+    assert events[0].type == "message_start" and events[0].message.usage.input_tokens == whole.usage.input_tokens
 
 
 def test_max_tokens_cuts_the_answer(tiny) -> None:

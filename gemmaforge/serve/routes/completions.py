@@ -6,6 +6,7 @@ events back, streamed or whole; a new API is a new dialect, not new routes' wort
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 from fastapi import APIRouter, Request
@@ -50,6 +51,7 @@ async def complete(request: Request, state: AppState, dialect: Dialect, chat: bo
         else:
             ids = served.engine.encode(completion.prompt)
         params = p.sampling_params(completion, state.limits, len(ids), registry.num_ctx)
+        completion = dataclasses.replace(completion, prompt_tokens=len(ids))
     except Exception:  # refused (or failed) before it reached the engine: the model is no longer held for it
         registry.keep(served.name)
         raise
