@@ -9,6 +9,11 @@ the header before any pixel is decoded; pixel modes the processors' RGB conversi
 and float images would be clipped to 8 bits without a word); turned upright by their EXIF orientation, as a camera
 or phone meant them to be seen (and as transformers' `load_image` does); transparency laid on white, as the
 processors' `convert_to_rgb` does. A picture's size is its upright size: Gemma 4's token count follows from it.
+
+Sound: any file libsndfile decodes (WAV, FLAC, OGG, MP3, ...), mixed down to one channel (the mean of the channels, as
+transformers' `load_audio` and librosa do) and resampled by libsoxr to the rate the model's feature extractor reads;
+an empty clip, or one longer than the model takes (its feature extractor would cut it without a word), is refused.
+A clip's length in samples at that rate is its size: Gemma 4's token count follows from it.
 """
 
 from __future__ import annotations
@@ -17,9 +22,12 @@ import base64
 import binascii
 import io
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gemmaforge.errors import UserError
+
+if TYPE_CHECKING:
+    import numpy as np
 
 MAX_PIXELS = 64_000_000  # an 8000x8000 photo; PIL's own decompression-bomb check is at 89M
 PICTURE_MODES = {"1", "L", "LA", "La", "P", "PA", "RGB", "RGBA", "RGBa", "RGBX", "CMYK", "YCbCr"}
@@ -107,3 +115,26 @@ def picture_sizes(paths: list[Path] | list[str]) -> list[tuple[int, int]]:
         with Image.open(path) as image:
             sizes.append(upright_size(image))
     return sizes
+
+
+def decode_sound(data: bytes, where: str, rate: int, max_seconds: float) -> np.ndarray:
+    """The clip in `data` as float32 mono samples at `rate` Hz: at least one sample, at most `max_seconds`."""
+    import numpy as np
+    import soundfile
+
+    try:
+        samples, source_rate = soundfile.read(io.BytesIO(data), dtype="float32", always_2d=True)
+    except Exception as e:  # noqa: BLE001  (libsndfile's errors and soundfile's own for unknown formats)
+        raise UserError(f"{where}: not a sound libsndfile can read ({str(e).strip() or type(e).__name__})") from None
+    if not samples.size:
+        raise UserError(f"{where}: the clip is empty (no samples)")
+    seconds = len(samples) / source_rate
+    if seconds > max_seconds:
+        raise UserError(f"{where}: the clip lasts {seconds:.1f} s, more than the {max_seconds:g} s the model's audio "
+                        "encoder takes in one clip; cut it into shorter clips")
+    mono = samples.mean(axis=1) if samples.shape[1] > 1 else samples[:, 0]
+    if source_rate != rate:
+        import soxr
+
+        mono = soxr.resample(mono, source_rate, rate, quality="HQ")
+    return np.ascontiguousarray(mono, dtype=np.float32)

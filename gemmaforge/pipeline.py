@@ -16,7 +16,7 @@ from gemmaforge.gguf_names import gguf_parts
 from gemmaforge.model_spec import read_spec
 from gemmaforge.models import ResolvedModel, resolve_model
 from gemmaforge.runs import RunDir, ollama_model_name
-from gemmaforge.vision import ImagePrompt
+from gemmaforge.senses import Senses
 
 
 def resolve_base(config: RunConfig, home: Path) -> ResolvedModel:
@@ -49,7 +49,7 @@ def stage_data(run: RunDir, config: RunConfig, base: ResolvedModel) -> None:
             tokenizer = load_tokenizer(base.path)
             stats = prepare_data(
                 config.data, config.train.seed, run.data_dir, tokenizer, base.family, config.train.cutoff_len,
-                ImagePrompt.of(base.path, base.spec, tokenizer), method=config.train.method,
+                Senses.of(base.path, base.spec, tokenizer), method=config.train.method,
             )
             record.update({k: stats[k] for k in ("format", "records", "kept", "train", "val", "dropped", "changed")})
             record.update(train_sha256=stats["train_sha256"], val_sha256=stats["val_sha256"])

@@ -17,14 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from gemmaforge.media import IMAGE, check_placeholders, expand_placeholders
 from gemmaforge.model_spec import ModelSpec
-
-
-def check_placeholders(prompt: str, placeholder: str, images: list[Any]) -> None:
-    """ValueError unless `prompt` holds one `placeholder` for each image (either engine)."""
-    found = prompt.count(placeholder)
-    if found != len(images):
-        raise ValueError(f"the prompt has {found} image placeholder(s) ({placeholder}) for {len(images)} image(s)")
 
 
 @dataclass(frozen=True)
@@ -79,7 +73,7 @@ class ImagePrompt:
     def expand(self, prompt: str, images: list[Any]) -> tuple[str, dict[str, Any]]:
         """`prompt` with each placeholder replaced by its image's tokens, and the images' model inputs (without
         the token types, which depend on the ids: see token_types). ValueError when the counts differ."""
-        check_placeholders(prompt, self.placeholder, images)
+        check_placeholders(prompt, self.placeholder, images, IMAGE)
         inputs = self.pixel_inputs(images)
         text, _ = self.expand_rendered(prompt, [], self.soft_token_counts([im.size for im in images]))
         return text, inputs
@@ -115,21 +109,8 @@ class ImagePrompt:
         character spans moved to where their text now is."""
         if self._soft != self.placeholder and self._soft in text:  # its features would not line up with them
             raise ValueError(f"the prompt holds image tokens ({self._soft}) of its own")
-        parts = text.split(self.placeholder)
-        if len(parts) - 1 != len(counts):
-            raise ValueError(f"the prompt has {len(parts) - 1} image placeholder(s) ({self.placeholder}) for "
-                             f"{len(counts)} image(s)")
-        out, moves, at = parts[0], [], len(parts[0])  # moves: (original position, shift after it)
-        for count, rest in zip(counts, parts[1:]):
-            block = f"{self._margin}{self._boi}{self._soft * int(count)}{self._eoi}{self._margin}"
-            moves.append((at, len(block) - len(self.placeholder)))
-            out += block + rest
-            at += len(self.placeholder) + len(rest)
-
-        def moved(position: int) -> int:
-            return position + sum(shift for where, shift in moves if where < position)
-
-        return out, [(moved(start), moved(end)) for start, end in spans]
+        blocks = [f"{self._margin}{self._boi}{self._soft * int(count)}{self._eoi}{self._margin}" for count in counts]
+        return expand_placeholders(text, spans, self.placeholder, blocks, IMAGE)
 
     def prompt_tokens(self, sizes: list[tuple[int, int]], tokenizer: Any) -> int:
         """At most how many tokens images of these (width, height) add to a prompt: their soft tokens, and each

@@ -65,6 +65,7 @@ class ChatFormat(ABC):
     markers: tuple[str, ...] = ()
     # chat-syntax tokens a GGUF marks user-defined so that llama.cpp's chat parsers see them in output
     syntax_tokens: tuple[str, ...] = ()
+    audio: str | None = None  # what the official template writes for an audio clip (audio.py expands it); None: none
 
     # ------------------------------------------------------------------ what each format defines
 

@@ -356,4 +356,4 @@ _MARKERS = (CHANNEL_OPEN, CHANNEL_CLOSE, TOOL_CALL_OPEN, TOOL_CALL_CLOSE, QUOTE)
 GEMMA4_FORMAT = Gemma4Format(
     title="the Gemma 4 chat format", turn_start="<|turn>", turn_end="<turn|>", system_turn=True, system_separator="",
     native_tools=True, thinking=True, image="<|image|>", image_margin="", jinja_file="gemma4.jinja",
-    markers=_MARKERS, syntax_tokens=(*_MARKERS, TOOL_RESPONSE_OPEN, TOOL_RESPONSE_CLOSE))
+    markers=_MARKERS, syntax_tokens=(*_MARKERS, TOOL_RESPONSE_OPEN, TOOL_RESPONSE_CLOSE), audio="<|audio|>")

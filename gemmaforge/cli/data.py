@@ -12,7 +12,7 @@ from gemmaforge.console import console
 from gemmaforge.errors import UserError
 from gemmaforge.families import FAMILIES
 from gemmaforge.models import ResolvedModel
-from gemmaforge.vision import ImagePrompt
+from gemmaforge.senses import Senses
 
 DATA_EPILOG = """formats: alpaca (instruction/input/output, optional system, history), sharegpt (conversations of
 from/value: human, gpt, system), openai (messages of role/content), in JSON, JSONL, CSV or Parquet; or a
@@ -22,10 +22,15 @@ images (Gemma 3 4B+ and Gemma 4, with --model naming one): an `images` column wi
 picture (LLaMA-Factory), OpenAI image_url content parts (local paths or data URIs), or a folder of pictures with
 a JSONL whose file_name column names each record's picture; every picture is checked here.
 
+sound (Gemma 4 E2B and E4B): an `audios` column with one <audio> in the text per clip (LLaMA-Factory), OpenAI
+input_audio content parts (base64), or a folder of clips with a file_name JSONL; every clip is decoded here
+(WAV, FLAC, OGG, MP3, ...), mixed to mono and resampled to the model's rate; at most 30 s each.
+
 examples:
   gemmaforge data prepare chats.jsonl -o prepared/chats clean.dedup=near
   gemmaforge data prepare LLaMA-Factory/data --dataset alpaca_zh_demo,identity
   gemmaforge data prepare LLaMA-Factory/data --dataset mllm_demo --model google/gemma-3-4b-it
+  gemmaforge data prepare LLaMA-Factory/data --dataset mllm_audio_demo --model google/gemma-4-E2B-it
   gemmaforge data inspect prepared/chats/train.jsonl -n 2
   gemmaforge data inspect chats.jsonl --json -n 1 | jq .labels
 """
@@ -94,7 +99,7 @@ def prepare(args: argparse.Namespace, home: Path) -> int:
     output = args.output or Path("prepared") / (data.dataset[0] if data.dataset else args.input.stem)
     model, tokenizer = _tokenizer(args, home)
     stats = prepare_data(data, args.seed, output, tokenizer, model.family, args.cutoff_len,
-                         ImagePrompt.of(model.path, model.spec, tokenizer), method=args.method)
+                         Senses.of(model.path, model.spec, tokenizer), method=args.method)
     console.print(f"[green]data[/]: {summary_line(stats)} -> {output}")
     return 0
 
@@ -112,7 +117,7 @@ def inspect(args: argparse.Namespace, home: Path) -> int:
     inspect_file(
         source.path, tokenizer, family, schema=source.schema, system=data.system, cutoff_len=args.cutoff_len,
         train_on_prompt=args.train_on_prompt, mask_history=args.mask_history, limit=args.n, as_json=args.json,
-        vision=ImagePrompt.of(model.path, model.spec, tokenizer),
+        senses=Senses.of(model.path, model.spec, tokenizer),
     )
     return 0
 

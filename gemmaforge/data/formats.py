@@ -9,11 +9,12 @@ with OpenAI's assistant tool_calls and tool messages). A `tools` column (LLaMA-F
 files') lists the tools a conversation offers. Preference data: pairs of a chosen and a rejected answer (`to_pair`),
 and answers labelled desirable or not (`to_feedback`, KTO's).
 
-Images (`record_images`): LLaMA-Factory's `images` column with one `<image>` in the text where each goes; OpenAI
-`image_url` content parts, and `{"type": "image"}` parts (the chat-template style) that take the next entry of the
-`images` column; a `file_name` column (Hugging Face's imagefolder metadata) whose one image opens the first user
-turn unless the text places it. The text keeps IMAGE_PLACEHOLDER where each image goes; data/images.py finds and
-checks the images.
+Media (`record_media`, one kind at a time: media.py): LLaMA-Factory's `images` and `audios` columns with one `<image>`
+or `<audio>` in the text where each goes; OpenAI `image_url` and `input_audio` content parts, and `{"type": "image"}` /
+`{"type": "audio"}` parts (the chat-template style) that take the next entry of the column; a `file_name` column
+(Hugging Face's imagefolder and audiofolder metadata) whose one picture or clip (by its suffix) opens the first user
+turn unless the text places it. The text keeps the kind's placeholder where each goes; data/media_files.py finds and
+checks the files.
 """
 
 from __future__ import annotations
@@ -28,9 +29,12 @@ from gemmaforge.chat.tools import Tool, ToolCall, normalize_call, normalize_tool
 from gemmaforge.config import Formatting
 from gemmaforge.data.sources import TEXT_COLUMN
 from gemmaforge.errors import UserError
+from gemmaforge.media import AUDIO, IMAGE, MediaKind
 
-IMAGE_PLACEHOLDER = "<image>"  # LLaMA-Factory's: where one of a record's images goes in its text
-IMAGEFOLDER_COLUMN = "file_name"  # Hugging Face's imagefolder metadata: the record's image beside the JSONL
+IMAGE_PLACEHOLDER = IMAGE.placeholder  # LLaMA-Factory's: where one of a record's images goes in its text
+FOLDER_COLUMN = "file_name"  # Hugging Face's imagefolder / audiofolder metadata: the record's file beside the JSONL
+# a file_name with one of these suffixes is a clip (audiofolder: what libsndfile decodes), any other a picture
+SOUND_SUFFIXES = (".wav", ".flac", ".mp3", ".ogg", ".oga", ".opus", ".aif", ".aiff", ".au", ".w64", ".caf")
 KTO_LABEL = "label"  # TRL's unpaired preference column (and LLaMA-Factory's kto_en_demo's): true when desirable
 
 
@@ -55,6 +59,7 @@ class Schema:
     system: str | None = "system"
     tools: str | None = "tools"
     images: str | None = "images"  # the record's images (paths, data URIs), in the order of their placeholders
+    audios: str | None = "audios"  # the record's sound clips, likewise
     # preference pairs (LLaMA-Factory's ranking datasets, TRL's preference form): the two answers' columns
     chosen: str | None = None
     rejected: str | None = None
@@ -85,11 +90,11 @@ def default_schema(formatting: Formatting) -> Schema:
     return Schema(formatting)
 
 
-COLUMN_KEYS = ("prompt", "query", "response", "history", "messages", "system", "tools", "images", "chosen", "rejected",
-               "kto_tag")
+COLUMN_KEYS = ("prompt", "query", "response", "history", "messages", "system", "tools", "images", "audios", "chosen",
+               "rejected", "kto_tag")
 TAG_KEYS = ("role_tag", "content_tag", "user_tag", "assistant_tag", "system_tag", "observation_tag", "function_tag")
-# LLaMA-Factory column keys for data we cannot train on yet (videos, audio).
-UNSUPPORTED_COLUMNS = {"videos": "video data", "audios": "audio data"}
+# LLaMA-Factory column keys for data we cannot train on yet.
+UNSUPPORTED_COLUMNS = {"videos": "video data"}
 
 
 def schema_with(base: Schema, columns: dict[str, Any] | None, tags: dict[str, Any] | None, where: str) -> Schema:
@@ -99,7 +104,7 @@ def schema_with(base: Schema, columns: dict[str, Any] | None, tags: dict[str, An
         for key, value in (mapping or {}).items():
             if key in UNSUPPORTED_COLUMNS:
                 raise UserError(f"{where}: {kind}.{key}: {UNSUPPORTED_COLUMNS[key]} is not supported (conversations "
-                                "with text and images, preference pairs, labelled answers and raw text only)")
+                                "with text, images and sound, preference pairs, labelled answers and raw text only)")
             if key not in allowed:
                 raise UserError(f"{where}: {kind}.{key}: unknown key; expected one of: {', '.join(allowed)}")
             if value is not None and not isinstance(value, str):
@@ -371,18 +376,17 @@ def _turns(record: dict[str, Any], schema: Schema, where: str) -> list[Message]:
         calls = turn.get("tool_calls") if role == "assistant" else None  # OpenAI's shape
         if content is None and calls:
             content = ""
-        pictures: list[Any] = []
+        media: dict[str, list[Any]] = {}
         if isinstance(content, list):  # content parts: OpenAI's, and the chat templates' {"type": "image"}
-            content, pictures = _parts(content, f"{at}: {schema.content_tag}")
-            if pictures and role != "user":
-                raise UserError(f"{at}: a {tag} turn holds images; images go in user turns")
+            content, media = _parts(content, f"{at}: {schema.content_tag}")
+            if media and role != "user":
+                raise UserError(f"{at}: a {tag} turn holds {' and '.join(media)}; media go in user turns")
         if not isinstance(content, str):
             raise UserError(f"{at}: '{schema.content_tag}' is missing or not a string")
         if role == "system" and not content.strip() and not turn.get("tools"):
             continue  # an empty system prompt is no system prompt
         message: Message = {"role": role, "content": content}
-        if pictures:
-            message["images"] = pictures  # taken out again by record_images
+        message.update(media)  # taken out again by record_media
         if calls:
             if not isinstance(calls, list):
                 raise UserError(f"{at}: tool_calls must be a list")
@@ -401,11 +405,13 @@ def _turns(record: dict[str, Any], schema: Schema, where: str) -> list[Message]:
     return messages
 
 
-def _parts(parts: list[Any], where: str) -> tuple[str, list[Any]]:
-    """Content parts as text with IMAGE_PLACEHOLDER where each image goes, and the images in that order: an
-    `image_url` part's URL ({"url": ...} or the URL itself), an `image` part's image, or None for an `image` part
-    without one (the next entry of the record's images column)."""
-    text, images = [], []
+def _parts(parts: list[Any], where: str) -> tuple[str, dict[str, list[Any]]]:
+    """Content parts as text with a kind's placeholder where each medium goes, and the media of each kind in that
+    order (by the kind's column): an `image_url` part's URL ({"url": ...} or the URL itself), an `image` part's
+    image, an `input_audio` part's clip (OpenAI's base64 `data` in its `format`) or an `audio` part's, or None for an
+    `image` / `audio` part without one (the next entry of the record's column)."""
+    text: list[str] = []
+    media: dict[str, list[Any]] = {}
     for j, part in enumerate(parts):
         kind = part.get("type") if isinstance(part, dict) else None
         if kind == "text" and isinstance(part.get("text"), str):
@@ -416,51 +422,69 @@ def _parts(parts: list[Any], where: str) -> tuple[str, list[Any]]:
             url = url.get("url") if isinstance(url, dict) else url
             if not isinstance(url, str):
                 raise UserError(f"{where}[{j}]: expected image_url.url, a path or data URI")
-            images.append(url)
-        elif kind == "image":
-            images.append(part.get("image") or part.get("url") or part.get("path"))
+            found, medium = url, IMAGE
+        elif kind == "input_audio":
+            found, medium = _input_audio(part.get("input_audio"), f"{where}[{j}]"), AUDIO
+        elif kind in ("image", "audio"):
+            medium = IMAGE if kind == "image" else AUDIO
+            found = part.get(kind) or part.get("url") or part.get("path")
         else:
-            raise UserError(f"{where}[{j}]: expected a text part ({{'type': 'text', 'text': ...}}) or an image part "
-                            "(image_url, image)")
-        text.append(IMAGE_PLACEHOLDER)
-    return "".join(text), images
+            raise UserError(f"{where}[{j}]: expected a text part ({{'type': 'text', 'text': ...}}), an image part "
+                            "(image_url, image) or an audio part (input_audio, audio)")
+        media.setdefault(medium.column, []).append(found)
+        text.append(medium.placeholder)
+    return "".join(text), media
 
 
-def record_images(record: dict[str, Any], messages: list[Message], schema: Schema, where: str) -> list[Any]:
-    """The record's images in the order of the IMAGE_PLACEHOLDERs in `messages` (taken out of the messages that
-    carried them as content parts): each a path, URL or data URI as written, or a dict of embedded bytes (a
-    Parquet image). A `file_name` image with no placeholder opens the first user turn. The placeholders must
-    match the images in number."""
-    column = record.get(schema.images) if schema.images else None
-    if column is None and isinstance(record.get(IMAGEFOLDER_COLUMN), str):
-        column = [record[IMAGEFOLDER_COLUMN]]
-        if not any(IMAGE_PLACEHOLDER in m["content"] for m in messages):
+def _input_audio(part: Any, where: str) -> str:
+    """OpenAI's `input_audio` ({"data": base64, "format": "wav" | "mp3" | ...}) as a data URI."""
+    if not isinstance(part, dict) or not isinstance(part.get("data"), str) or not part["data"].strip():
+        raise UserError(f"{where}: expected input_audio.data, the clip in base64 (and input_audio.format, e.g. wav)")
+    return f"data:audio/{part.get('format') or 'wav'};base64,{part['data']}"
+
+
+def record_media(record: dict[str, Any], messages: list[Message], schema: Schema, where: str,
+                 kind: MediaKind) -> list[Any]:
+    """The record's media of `kind` in the order of its placeholders in `messages` (taken out of the messages that
+    carried them as content parts): each a path, URL or data URI as written, or a dict of embedded bytes (a Parquet
+    image or clip). A `file_name` file of this kind with no placeholder opens the first user turn. The placeholders
+    must match the media in number."""
+    placeholder, name = kind.placeholder, getattr(schema, kind.column)
+    column = record.get(name) if name else None
+    folder_file = record.get(FOLDER_COLUMN)
+    if column is None and isinstance(folder_file, str) and _kind_of_file(folder_file) is kind:
+        column = [folder_file]
+        if not any(placeholder in m["content"] for m in messages):
             first = next(m for m in messages if m["role"] == "user")
-            first["content"] = IMAGE_PLACEHOLDER + first["content"]
+            first["content"] = placeholder + first["content"]
     if isinstance(column, str | dict):
         column = [column]
     if column is not None and not isinstance(column, list):
-        raise UserError(f"{where}: field '{schema.images}' must be a list of image paths")
+        raise UserError(f"{where}: field '{name}' must be a list of {kind.name} paths")
     pending = list(column or [])
-    images: list[Any] = []
+    found: list[Any] = []
     for message in messages:
-        for image in message.pop("images", ()):
-            if image is None:
+        for medium in message.pop(kind.column, ()):
+            if medium is None:
                 if not pending:
-                    raise UserError(f"{where}: an image part without its image, and no image left in "
-                                    f"'{schema.images}' to take its place")
-                image = pending.pop(0)
-            images.append(image)
-    images += pending
-    if column is None and not images:
-        return []  # a text record: an <image> in its text is text
-    placed = sum(m["content"].count(IMAGE_PLACEHOLDER) for m in messages)
-    if placed != len(images):
-        raise UserError(f"{where}: {len(images)} image(s) but {placed} {IMAGE_PLACEHOLDER} placeholder(s) in the "
-                        f"text; write one {IMAGE_PLACEHOLDER} where each image goes")
-    if any(IMAGE_PLACEHOLDER in m["content"] for m in messages if m["role"] != "user"):
-        raise UserError(f"{where}: an {IMAGE_PLACEHOLDER} outside the user turns; images go in user turns")
-    return images
+                    raise UserError(f"{where}: an {kind.name} part without its {kind.name}, and no {kind.name} left "
+                                    f"in '{name}' to take its place")
+                medium = pending.pop(0)
+            found.append(medium)
+    found += pending
+    if column is None and not found:
+        return []  # a record without this kind: an <image> in its text is text
+    placed = sum(m["content"].count(placeholder) for m in messages)
+    if placed != len(found):
+        raise UserError(f"{where}: {len(found)} {kind.name}(s) but {placed} {placeholder} placeholder(s) in the "
+                        f"text; write one {placeholder} where each {kind.name} goes")
+    if any(placeholder in m["content"] for m in messages if m["role"] != "user"):
+        raise UserError(f"{where}: an {placeholder} outside the user turns; {kind.column} go in user turns")
+    return found
+
+
+def _kind_of_file(name: str) -> MediaKind:
+    return AUDIO if name.lower().endswith(SOUND_SUFFIXES) else IMAGE
 
 
 def _function_call(content: Any, where: str) -> list[ToolCall]:

@@ -18,12 +18,12 @@ from rich.text import Text
 
 from gemmaforge.chat.conversation import IGNORE_INDEX, Message, supervised_labels
 from gemmaforge.data.formats import Schema, detect_schema, to_messages
-from gemmaforge.data.images import ImageFinder
+from gemmaforge.data.media_files import ImageFinder, SoundFinder
 from gemmaforge.data.prepare import describe_lengths
 from gemmaforge.data.sources import data_files, iter_records
 from gemmaforge.families import Family
-from gemmaforge.train.collate import encode_with_images
-from gemmaforge.vision import ImagePrompt
+from gemmaforge.senses import NO_SENSES, Senses
+from gemmaforge.train.collate import encode_with_media
 
 
 @dataclass(frozen=True)
@@ -36,15 +36,16 @@ class Encoded:
     labels: list[int]
     offsets: list[tuple[int, int]]
     images: list[Path]
+    audios: list[Path]
 
 
 def encoded_conversations(path: Path, schema: Schema | None, system: str | None, tokenizer: Any, family: Family, *,
-                          train_on_prompt: bool, mask_history: bool,
-                          vision: tuple[ImagePrompt | None, str]) -> Iterator[Encoded]:
-    """Each record rendered and tokenized as training does, its images (found and checked) in their slots."""
+                          train_on_prompt: bool, mask_history: bool, senses: Senses) -> Iterator[Encoded]:
+    """Each record rendered and tokenized as training does, its images and clips (found and checked) in their
+    slots."""
     options = {"train_on_prompt": train_on_prompt, "mask_history": mask_history}
-    with tempfile.TemporaryDirectory() as store:  # embedded pictures are decoded there, never into the dataset
-        finder = ImageFinder(Path(store))
+    with tempfile.TemporaryDirectory() as store:  # embedded media are decoded there, never into the dataset
+        images, sounds = ImageFinder(Path(store)), SoundFinder(Path(store), senses.audio)
         for file in data_files(path):
             file_schema = schema
             for where, record in iter_records(file):
@@ -52,15 +53,17 @@ def encoded_conversations(path: Path, schema: Schema | None, system: str | None,
                     file_schema = detect_schema(record, where)
                 messages = to_messages(record, file_schema, where, system)
                 family.chat.check_features(messages, where)
-                pictures = [image.path for image in finder.in_record(record, messages, file_schema, where,
-                                                                     file.parent, vision, family.chat.image)]
-                if not pictures:
-                    yield Encoded(where, *encode(messages, tokenizer, family, **options), [])
+                pictures = [image.path for image in images.in_record(
+                    record, messages, file_schema, where, file.parent, (senses.vision, senses.no_vision),
+                    family.chat.image)]
+                clips = [clip.path for clip in sounds.in_record(
+                    record, messages, file_schema, where, file.parent, (senses.audio, senses.no_audio),
+                    family.chat.audio)]
+                if not pictures and not clips:
+                    yield Encoded(where, *encode(messages, tokenizer, family, **options), [], [])
                     continue
-                prompt = vision[0]
-                assert prompt is not None  # the finder finds pictures only for a checkpoint that takes them
-                yield Encoded(where, *encode_with_images(messages, pictures, prompt, tokenizer, family, **options),
-                              pictures)
+                yield Encoded(where, *encode_with_media(messages, pictures, clips, senses, tokenizer, family,
+                                                        **options), pictures, clips)
 
 
 def encode(
@@ -85,16 +88,16 @@ def inspect_file(
     mask_history: bool,
     limit: int | None,
     as_json: bool,
-    vision: tuple[ImagePrompt | None, str] = (None, "no image processor was given"),
+    senses: Senses = NO_SENSES,
 ) -> None:
     """JSON mode: one {"text", "input_ids", "labels"} object per conversation on stdout (truncated to
-    cutoff_len, as training sees it; with "images" when it has some). Text mode: `limit` samples highlighted, then
-    a length summary."""
+    cutoff_len, as training sees it; with "images" and "audios" when it has some). Text mode: `limit` samples
+    highlighted, then a length summary."""
     out = Console(file=sys.stdout, soft_wrap=True, highlight=False)
     lengths, supervised, over = [], [], 0
-    image_token = getattr(tokenizer, "image_token", None)
+    slots = media_slots(tokenizer)
     encoded = encoded_conversations(path, schema, system, tokenizer, family, train_on_prompt=train_on_prompt,
-                                    mask_history=mask_history, vision=vision)
+                                    mask_history=mask_history, senses=senses)
     for i, e in enumerate(encoded):
         if as_json:
             if limit is not None and i >= limit:
@@ -103,6 +106,8 @@ def inspect_file(
             row: dict[str, Any] = {"text": seen, "input_ids": e.ids[:cutoff_len], "labels": e.labels[:cutoff_len]}
             if e.images:
                 row["images"] = [str(p) for p in e.images]
+            if e.audios:
+                row["audios"] = [str(p) for p in e.audios]
             sys.stdout.write(json.dumps(row, ensure_ascii=False) + "\n")
             continue
         lengths.append(len(e.ids))
@@ -110,18 +115,27 @@ def inspect_file(
         over += len(e.ids) > cutoff_len
         if i < (3 if limit is None else limit):
             out.rule(f"conversation {i + 1}: {len(e.ids)} tokens, {supervised[-1]} supervised"
-                     + (f", {len(e.images)} image(s)" if e.images else ""))
-            out.print(_highlight(e.text, e.labels, e.offsets, cutoff_len, image_token))
+                     + (f", {len(e.images)} image(s)" if e.images else "")
+                     + (f", {len(e.audios)} clip(s)" if e.audios else ""))
+            out.print(_highlight(e.text, e.labels, e.offsets, cutoff_len, slots))
     if not as_json:
         out.print(_summary_table(lengths, supervised, over, cutoff_len))
         out.print("[dim]dim: prompt (no loss)[/]  [bold green]green: supervised[/]  "
-                  "[red strike]red: cut by cutoff_len[/]  [magenta]magenta: an image's tokens[/]")
+                  "[red strike]red: cut by cutoff_len[/]  [magenta]magenta: an image's tokens[/]  "
+                  "[cyan]cyan: a clip's tokens[/]")
+
+
+def media_slots(tokenizer: Any) -> dict[str, str]:
+    """The tokenizer's media soft tokens, each with the kind of span it makes ("image", "audio")."""
+    return {token: kind for kind in ("image", "audio") if (token := getattr(tokenizer, f"{kind}_token", None))}
 
 
 def token_spans(text: str, labels: list[int], offsets: list[tuple[int, int]], cutoff_len: int,
-                image_token: str | None = None) -> list[tuple[str, str]]:
-    """The rendered text in pieces as training sees it: 'prompt' (no loss), 'supervised', 'image' (an image's
-    soft tokens), 'cut' (past cutoff_len); neighbours of one kind joined."""
+                slots: dict[str, str] | None = None) -> list[tuple[str, str]]:
+    """The rendered text in pieces as training sees it: 'prompt' (no loss), 'supervised', 'image' or 'audio' (a
+    medium's soft tokens, `slots` naming them: media_slots), 'cut' (past cutoff_len); neighbours of one kind
+    joined."""
+    slots = slots or {}
     spans: list[tuple[str, str]] = []
     cursor = 0
 
@@ -136,8 +150,8 @@ def token_spans(text: str, labels: list[int], offsets: list[tuple[int, int]], cu
         piece = text[cursor:end]
         if index >= cutoff_len:
             kind = "cut"
-        elif image_token and piece == image_token:
-            kind = "image"
+        elif piece in slots:
+            kind = slots[piece]
         else:
             kind = "supervised" if label != IGNORE_INDEX else "prompt"
         add(piece, kind)
@@ -146,16 +160,17 @@ def token_spans(text: str, labels: list[int], offsets: list[tuple[int, int]], cu
     return spans
 
 
-_STYLES = {"prompt": "dim", "supervised": "bold green", "cut": "red strike", "image": "magenta"}
+_STYLES = {"prompt": "dim", "supervised": "bold green", "cut": "red strike", "image": "magenta", "audio": "cyan"}
 
 
 def _highlight(text: str, labels: list[int], offsets: list[tuple[int, int]], cutoff_len: int,
-               image_token: str | None = None) -> Text:
-    """The rendering, styled by kind; an image's soft tokens shown as one slot with their count."""
+               slots: dict[str, str]) -> Text:
+    """The rendering, styled by kind; a medium's soft tokens shown as one slot with their count."""
     styled = Text()
-    for piece, kind in token_spans(text, labels, offsets, cutoff_len, image_token):
-        if kind == "image" and image_token:
-            piece = f"[{piece.count(image_token)} x {image_token}]"
+    for piece, kind in token_spans(text, labels, offsets, cutoff_len, slots):
+        token = next((t for t, k in slots.items() if k == kind), None)
+        if token:
+            piece = f"[{piece.count(token)} x {token}]"
         styled.append(piece, style=_STYLES[kind])
     return styled
 

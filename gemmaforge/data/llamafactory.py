@@ -1,9 +1,9 @@
 """LLaMA-Factory data folders: `dataset_info.json` entries load unchanged.
 
 An entry names a local `file_name` (file or folder), a `formatting` (alpaca, sharegpt, openai) and
-optional `columns` / `tags` mappings (an `images` column: image paths relative to the folder, as LLaMA-Factory's
-media_dir); `num_samples` takes a seeded random subset. Hub and script entries cannot be read offline, and
-preference, video and audio entries are not what gemmaforge trains: both are errors that say so.
+optional `columns` / `tags` mappings (`images` and `audios` columns: paths relative to the folder, as LLaMA-Factory's
+media_dir); `num_samples` takes a seeded random subset. Hub and script entries cannot be read offline, and video
+entries are not what gemmaforge trains: both are errors that say so.
 """
 
 from __future__ import annotations

@@ -39,35 +39,27 @@ from gemmaforge.data.formats import (
     to_messages,
     to_pair,
 )
-from gemmaforge.data.images import CheckedImage, ImageFinder
 from gemmaforge.data.llamafactory import SourceSpec, dataset_info_sources, is_dataset_dir
+from gemmaforge.data.media_files import CheckedClip, CheckedImage, ImageFinder, SoundFinder
 from gemmaforge.data.sources import data_files, file_sha256, iter_records
 from gemmaforge.errors import UserError
 from gemmaforge.families import Family
 from gemmaforge.runs import atomic_write_text
-from gemmaforge.vision import ImagePrompt
+from gemmaforge.senses import NO_SENSES, Senses
 
 BATCH_SIZE = 512  # conversations tokenized per call: the fast tokenizer's batching amortises its overhead
 OUTPUTS = ("train.jsonl", "val.jsonl", "stats.json")
-IMAGES_DIR = "images"  # in the output folder: images that came inside the data (data URIs, Parquet bytes)
+# in the output folder: media that came inside the data (data URIs, Parquet bytes, input_audio parts)
+IMAGES_DIR, AUDIOS_DIR = "images", "audios"
 
 
 @dataclass
 class Example:
-    """One conversation, and its images in the order of their placeholders."""
+    """One conversation, and its images and clips in the order of their placeholders."""
 
     messages: list[Message]
     images: list[CheckedImage] = field(default_factory=list)
-
-
-@dataclass(frozen=True)
-class Vision:
-    """How the model reads images: its ImagePrompt, or None and the reason; and where images that came inside the
-    data are written."""
-
-    prompt: ImagePrompt | None
-    reason: str
-    store: Path
+    audios: list[CheckedClip] = field(default_factory=list)
 
 
 @dataclass
@@ -107,13 +99,16 @@ class Preparer:
     """Turns sources into cleaned, length-checked conversations written as JSON Lines."""
 
     def __init__(self, config: DataConfig, tokenizer: Any, family: Family, cutoff_len: int,
-                 progress: Callable[[int], None], vision: Vision):
+                 progress: Callable[[int], None], senses: Senses, store: Path):
         self.config, self.tokenizer, self.family, self.cutoff_len = config, tokenizer, family, cutoff_len
         self.progress = progress
-        self.vision = vision
-        self.images = ImageFinder(vision.store)
+        self.senses = senses
+        self.images = ImageFinder(store / IMAGES_DIR)
+        self.sounds = SoundFinder(store / AUDIOS_DIR, senses.audio)
         self.with_images = 0  # conversations with images
         self.most_images = 0  # in one conversation: the memory planner prices that many per example
+        self.with_audio = 0  # conversations with sound
+        self.most_audio_tokens = 0  # in one conversation: what the planner prices for the audio tower
         self.dedup = Deduplicator(config.clean.dedup, config.clean.near_dup_threshold)
         self.lengths: array[int] = array("I")
         self.with_tools = 0  # conversations that offer tools (a run trained on them serves tools)
@@ -160,7 +155,7 @@ class Preparer:
         clean = self.config.clean
         messages = to_messages(record, schema, where, self.config.system)
         self.family.chat.check_features(messages, where)
-        images = self._images(record, messages, schema, where, media)
+        images, audios = self._media(record, messages, schema, where, media)
         empty = next((m for m in messages if not has_content(m)), None)
         if empty is not None:
             if not clean.drop_empty:
@@ -175,31 +170,40 @@ class Preparer:
         if not all(map(has_content, messages)):
             tally.dropped["empty_after_cleaning"] += 1
             return None
-        pictures = "".join(f"\n[image {image.sha256}]" for image in images)  # other pictures: other questions
+        # other pictures, other clips: other questions
+        pictures = "".join(f"\n[{kind} {m.sha256}]" for kind, found in (("image", images), ("audio", audios))
+                           for m in found)
         verdict = self.dedup.check("\n".join(_dedup_text(m) for m in messages) + pictures)
         if verdict:
             tally.dropped[verdict] += 1
             return None
-        return Example(messages, images)
+        return Example(messages, images, audios)
 
-    def _images(self, record: Any, messages: list[Message], schema: Any, where: str,
-                media: Path) -> list[CheckedImage]:
-        """The record's images, found and checked, with the family's image placeholder in the text."""
-        images = self.images.in_record(record, messages, schema, where, media,
-                                       (self.vision.prompt, self.vision.reason), self.family.chat.image)
+    def _media(self, record: Any, messages: list[Message], schema: Any, where: str,
+               media: Path) -> tuple[list[CheckedImage], list[CheckedClip]]:
+        """The record's images and clips, found and checked, with the family's markers in the text."""
+        senses, chat = self.senses, self.family.chat
+        images = self.images.in_record(record, messages, schema, where, media, (senses.vision, senses.no_vision),
+                                       chat.image)
+        audios = self.sounds.in_record(record, messages, schema, where, media, (senses.audio, senses.no_audio),
+                                       chat.audio)
         if images:
             self.with_images += 1
             self.most_images = max(self.most_images, len(images))
-        return images
+        if audios:
+            assert senses.audio is not None  # in_record refuses sound without it
+            self.with_audio += 1
+            self.most_audio_tokens = max(self.most_audio_tokens,
+                                         sum(senses.audio.soft_token_count(c.samples) for c in audios))
+        return images, audios
 
     def _render(self, example: Example, **options: Any) -> Rendered:
-        """The conversation as training tokenizes it: each image's placeholder expanded into its tokens."""
+        """The conversation as training tokenizes it: each image's and clip's marker expanded into its tokens."""
         rendered = self.family.chat.render(example.messages, **options)
-        if not example.images:
+        if not example.images and not example.audios:
             return rendered
-        assert self.vision.prompt is not None  # _images refused images without it
-        counts = self.vision.prompt.soft_token_counts([(i.width, i.height) for i in example.images])
-        return Rendered(*self.vision.prompt.expand_rendered(rendered.text, rendered.supervised, counts))
+        return self.senses.expand(rendered, [(i.width, i.height) for i in example.images],
+                                  [c.samples for c in example.audios])
 
     def _write_batch(self, batch: list[Example], tally: Tally, out: IO[str]) -> None:
         if not batch:
@@ -222,7 +226,7 @@ class Preparer:
                 view = None
             if view is None or self.config.train_on_prompt or self.config.mask_history:
                 view = self._render(
-                    Example(messages, example.images),
+                    Example(messages, example.images, example.audios),
                     train_on_prompt=self.config.train_on_prompt, mask_history=self.config.mask_history,
                 )
             self.lengths.append(len(offsets))
@@ -230,6 +234,8 @@ class Preparer:
             line: dict[str, Any] = {"messages": messages}
             if example.images:
                 line["images"] = [str(image.path) for image in example.images]
+            if example.audios:
+                line["audios"] = [str(clip.path) for clip in example.audios]
             out.write(json.dumps(line, ensure_ascii=False) + "\n")
             tally.kept += 1
             self.with_tools += bool(messages[0].get("tools"))
@@ -244,7 +250,7 @@ class Preparer:
         keep = len(answer)
         while keep > 0:
             candidate = [*messages[:-1], {**messages[-1], "content": answer[:keep].strip()}]
-            rendered = self._render(Example(candidate, example.images))
+            rendered = self._render(Example(candidate, example.images, example.audios))
             (offsets,) = token_offsets(self.tokenizer, [rendered.text])
             if len(offsets) <= self.cutoff_len:
                 return (candidate, offsets) if candidate[-1]["content"] else None
@@ -311,8 +317,7 @@ class PairPreparer(Preparer):
         prompt, chosen, rejected = to_pair(record, schema, where, self.config.system)
         self.family.chat.check_features([*prompt, chosen], where)
         self.family.chat.check_features([*prompt, rejected], where)
-        if schema.images and record.get(schema.images):
-            raise UserError(f"{where}: preference pairs with images are not supported yet; give text pairs")
+        _text_only(record, schema, where, "preference pairs")
         cleaned = self._cleaned([*prompt, chosen, rejected], where, tally)
         if cleaned is None:
             return None
@@ -382,8 +387,7 @@ class FeedbackPreparer(PairPreparer):
             return super()._convert(record, schema, where, tally, media)
         prompt, answer, desirable = to_feedback(record, schema, where, self.config.system)
         self.family.chat.check_features([*prompt, answer], where)
-        if schema.images and record.get(schema.images):
-            raise UserError(f"{where}: labelled answers with images are not supported yet; give text records")
+        _text_only(record, schema, where, "labelled answers")
         cleaned = self._cleaned([*prompt, answer], where, tally)
         return None if cleaned is None else FeedbackExample(cleaned, desirable=desirable)
 
@@ -423,12 +427,18 @@ def count_in_spans(offsets: list[tuple[int, int]], spans: list[tuple[int, int]])
     return sum(bisect_left(offsets, (end,)) - bisect_left(offsets, (start,)) for start, end in spans)
 
 
+def _text_only(record: Any, schema: Any, where: str, what: str) -> None:
+    for column in (schema.images, schema.audios):
+        if column and record.get(column):
+            raise UserError(f"{where}: {what} with {column} are not supported yet; give text records")
+
+
 def prepare_data(
     config: DataConfig, seed: int, out_dir: Path, tokenizer: Any, family: Family, cutoff_len: int,
-    vision: tuple[ImagePrompt | None, str] = (None, "no image processor was given"), method: Method = "sft",
+    senses: Senses = NO_SENSES, method: Method = "sft",
 ) -> dict[str, Any]:
-    """Write train.jsonl, val.jsonl and stats.json into out_dir; return the stats. `vision`: ImagePrompt.of the
-    model, for records with images. `method`: pt prepares raw text ({"text": ...} lines), the others conversations
+    """Write train.jsonl, val.jsonl and stats.json into out_dir; return the stats. `senses`: Senses.of the model, for
+    records with images or sound. `method`: pt prepares raw text ({"text": ...} lines), the others conversations
     ({"messages": [...]} lines)."""
     began = time.perf_counter()
     train_specs, eval_specs = resolve_sources(config)
@@ -440,7 +450,7 @@ def prepare_data(
         with _progress_bar(sum(p.stat().st_size for p in files)) as advance:
             kind = {"pt": TextPreparer, "dpo": PairPreparer, "rm": PairPreparer,
                     "kto": FeedbackPreparer}.get(method, Preparer)
-            preparer = kind(config, tokenizer, family, cutoff_len, advance, Vision(*vision, out_dir / IMAGES_DIR))
+            preparer = kind(config, tokenizer, family, cutoff_len, advance, senses, out_dir)
             with temps["all"].open("w", encoding="utf-8") as out:
                 tallies = [preparer.run(spec, out, seed) for spec in train_specs]
             with temps["val"].open("w", encoding="utf-8") as out:
@@ -508,6 +518,8 @@ def _stats(
         "tool_conversations": preparer.with_tools,
         "images": {"conversations": preparer.with_images, "references": preparer.images.references,
                    "files": len(preparer.images.seen), "most_in_one": preparer.most_images},
+        "audios": {"conversations": preparer.with_audio, "references": preparer.sounds.references,
+                   "files": len(preparer.sounds.seen), "most_tokens_in_one": preparer.most_audio_tokens},
         "tokens": describe_lengths(preparer.lengths),
         "supervised_tokens": describe_lengths(preparer.supervised),
         "template": family.name,
@@ -624,6 +636,11 @@ def read_prepared_feedback(path: Path) -> list[tuple[list[Message], Message, boo
 def read_prepared_images(path: Path) -> list[list[Path]]:
     """Each prepared conversation's images (absolute paths, in the order of their placeholders)."""
     return [[Path(p) for p in row.get("images", ())] for row in _answered_rows(path)]
+
+
+def read_prepared_audios(path: Path) -> list[list[Path]]:
+    """Each prepared conversation's clips (absolute paths, in the order of their placeholders)."""
+    return [[Path(p) for p in row.get("audios", ())] for row in _answered_rows(path)]
 
 
 def read_prepared_texts(path: Path) -> list[str]:

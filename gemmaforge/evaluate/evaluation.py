@@ -15,7 +15,13 @@ from typing import TYPE_CHECKING, Any
 
 from gemmaforge.config import EvalConfig, RunConfig
 from gemmaforge.console import console
-from gemmaforge.data.prepare import read_prepared, read_prepared_images, read_prepared_pairs, read_prepared_texts
+from gemmaforge.data.prepare import (
+    read_prepared,
+    read_prepared_audios,
+    read_prepared_images,
+    read_prepared_pairs,
+    read_prepared_texts,
+)
 from gemmaforge.errors import UserError
 from gemmaforge.evaluate.generate import EngineGenerator, Generation, Sampling, prompt_ids
 from gemmaforge.evaluate.metrics import reference_scores
@@ -40,7 +46,7 @@ from gemmaforge.models import ResolvedModel, load_causal_lm, load_tokenizer
 from gemmaforge.recipe.dpo import encode_pairs
 from gemmaforge.recipe.pt import encode_texts
 from gemmaforge.runs import RunDir
-from gemmaforge.vision import ImagePrompt
+from gemmaforge.senses import Senses
 
 if TYPE_CHECKING:
     from gemmaforge.inference.transformers_engine import TransformersEngine
@@ -69,10 +75,11 @@ def evaluate(run: RunDir, config: RunConfig, base: ResolvedModel) -> dict[str, A
     adapter = run.require(run.adapter_dir / "adapter_config.json", "train").parent
     val_path = run.require(run.data_dir / "val.jsonl", "data")
     pretraining = config.train.method == "pt"  # raw text: no conversations to draw a default suite from
-    val, val_images = ([], []) if pretraining else (read_prepared(val_path), read_prepared_images(val_path))
+    val, val_images, val_audios = ([], [], []) if pretraining else \
+        (read_prepared(val_path), read_prepared_images(val_path), read_prepared_audios(val_path))
     system = config.deployed_system
     cases, source = ([], "none (a continued-pretraining run is asked the cases of eval.suite)") \
-        if pretraining and not ec.suite else suite_cases(ec, val, system, val_images)
+        if pretraining and not ec.suite else suite_cases(ec, val, system, val_images, val_audios)
     if ec.fail_under is not None and not any(case.checks for case in cases):
         raise UserError(f"eval.fail_under={ec.fail_under} needs a suite with checks; {source} has none")
     gguf = deployed_gguf(run, config) if ec.engine == "llamacpp" else None
@@ -81,26 +88,32 @@ def evaluate(run: RunDir, config: RunConfig, base: ResolvedModel) -> dict[str, A
     probes = retention_probes() if ec.retention else []
     probe_chats = [probe_conversation(p, system) for p in probes]
     chats = [*(c.messages for c in cases), *probe_chats]
-    vision, no_vision = ImagePrompt.of(base.path, base.spec, tokenizer)
+    senses = Senses.of(base.path, base.spec, tokenizer)
+    vision = senses.vision
     num_ctx = max((len(prompt_ids(tokenizer, family, chat)) for chat in chats), default=0) + ec.max_new_tokens + 1
-    if vision is not None:
-        num_ctx += max((vision.prompt_tokens(picture_sizes(c.images), tokenizer) for c in cases), default=0)
+    if vision is not None or senses.audio is not None:
+        num_ctx += max(((vision.prompt_tokens(picture_sizes(c.images), tokenizer) if vision else 0)
+                        + (senses.audio.most_prompt_tokens(len(c.audios)) if senses.audio else 0) for c in cases),
+                       default=0)
     sampling = Sampling(ec.max_new_tokens, ec.do_sample, ec.temperature, ec.top_p, ec.seed)
     # the engine serve runs, in fp32, the run's adapter loaded by name: base answers name no adapter
     engine = TransformersEngine(load_causal_lm(base.path, base.spec, torch.float32), tokenizer, family,
                                 max_batch=ec.batch_size, max_queue=len(chats), num_ctx=num_ctx,
-                                vision=vision, no_vision=no_vision)
+                                vision=vision, no_vision=senses.no_vision, audio=senses.audio,
+                                no_audio=senses.no_audio)
     try:
         engine.load_adapter("tuned", adapter)
         val_examples = encode_texts(read_prepared_texts(val_path), tokenizer, config.train.cutoff_len) \
-            if pretraining else _encode((val, val_images), tokenizer, family, config, vision)
-        sides, answers = _base_and_tuned(engine, cases, probe_chats, sampling, config, val_examples, tokenizer)
+            if pretraining else _encode((val, val_images, val_audios), tokenizer, family, config, senses)
+        sides, answers = _base_and_tuned(engine, cases, probe_chats, sampling, config, val_examples, tokenizer,
+                                         senses)
         pair_scores: dict[str, tuple[list[float], list[float]]] = {}
         if config.train.method in PREFERENCE_METHODS:  # how far the tuned model moved from its reference
             console.print(f"[bold]eval[/]: KL from the base on the tuned answers to {len(cases)} cases ...")
             answered = [family.chat.encode([*case.messages, {"role": "assistant", "content": answer.text}],
                                            tokenizer, num_ctx, mask_history=True)
-                        for case, answer in zip(cases, answers["tuned"].suite) if not case.images and answer.text]
+                        for case, answer in zip(cases, answers["tuned"].suite)
+                        if not case.images and not case.audios and answer.text]
             sides["tuned"]["kl_from_base"] = kl_from_reference(
                 engine, [{"input_ids": ids, "labels": labels} for ids, labels in answered], "tuned",
                 tokenizer.pad_token_id)
@@ -153,7 +166,7 @@ def evaluate(run: RunDir, config: RunConfig, base: ResolvedModel) -> dict[str, A
 
 def _base_and_tuned(engine: TransformersEngine, cases: list[Case], probe_chats: list[list[dict[str, str]]],
                     sampling: Sampling, config: RunConfig, val_examples: list[dict],
-                    tokenizer: Any) -> tuple[dict[str, dict[str, Any]], dict[str, Answers]]:
+                    tokenizer: Any, senses: Senses) -> tuple[dict[str, dict[str, Any]], dict[str, Answers]]:
     """Loss on the encoded val split, perplexities and answers of the base model (the adapter disabled) and the
     tuned one."""
     ec = config.eval
@@ -163,7 +176,7 @@ def _base_and_tuned(engine: TransformersEngine, cases: list[Case], probe_chats: 
     for side, adapter in (("base", None), ("tuned", "tuned")):
         console.print(f"[bold]eval[/]: {side} model: loss, {len(cases)} cases, {len(probe_chats)} retention probes ...")
         loss = engine.call(lambda model: mean_loss(model, val_examples, tokenizer.pad_token_id, ec.batch_size,
-                                                   engine.vision), adapter)
+                                                   senses), adapter)
         general_loss = engine.call(lambda model: mean_loss(model, general, tokenizer.pad_token_id, ec.batch_size),
                                    adapter) if general else None
         answers[side] = answer_all(EngineGenerator(engine, tokenizer, adapter), cases, probe_chats, sampling)
@@ -173,7 +186,8 @@ def _base_and_tuned(engine: TransformersEngine, cases: list[Case], probe_chats: 
 
 
 def suite_cases(ec: EvalConfig, val: list[list[dict[str, str]]], system: str | None,
-                val_images: list[list[Path]] | None = None) -> tuple[list[Case], str]:
+                val_images: list[list[Path]] | None = None, val_audios: list[list[Path]] | None = None
+                ) -> tuple[list[Case], str]:
     """The user's suite (cases without a system prompt get the one the model is deployed with), or a
     sample of val prompts with their answers as references."""
     if ec.suite:
@@ -183,7 +197,7 @@ def suite_cases(ec: EvalConfig, val: list[list[dict[str, str]]], system: str | N
                 if case.messages[0]["role"] != "system":
                     case.messages.insert(0, {"role": "system", "content": system})
         return cases, ec.suite
-    cases = val_sample_suite(val, ec.num_samples, ec.seed, val_images)
+    cases = val_sample_suite(val, ec.num_samples, ec.seed, val_images, val_audios)
     if not cases:
         raise UserError("the val split is empty, so there is no default suite: give eval.suite (or --suite FILE)")
     return cases, f"val sample ({len(cases)} of {len(val)} conversations)"
@@ -201,14 +215,14 @@ def deployed_gguf(run: RunDir, config: RunConfig) -> Path:
     return found[run.deployed_quant(config)][0]
 
 
-def _encode(val: tuple[list[list[dict[str, str]]], list[list[Path]]], tokenizer: Any, family: Family,
-            config: RunConfig, vision: ImagePrompt | None) -> list[dict]:
+def _encode(val: tuple[list[list[dict[str, str]]], list[list[Path]], list[list[Path]]], tokenizer: Any,
+            family: Family, config: RunConfig, senses: Senses) -> list[dict]:
     from gemmaforge.train.collate import tokenize_conversations
 
     examples, _dropped = tokenize_conversations(
         val[0], tokenizer, family, config.train.cutoff_len, "data/val.jsonl",
         train_on_prompt=config.data.train_on_prompt, mask_history=config.data.mask_history,
-        images=val[1], vision=vision,
+        images=val[1], audios=val[2], senses=senses,
     )
     return examples
 
@@ -216,7 +230,8 @@ def _encode(val: tuple[list[list[dict[str, str]]], list[list[Path]]], tokenizer:
 def answer_all(engine: EngineGenerator, cases: list[Case], probe_chats: list[list[dict[str, str]]],
                sampling: Sampling) -> Answers:
     start = time.perf_counter()
-    suite = engine.generate([c.messages for c in cases], sampling, [c.images for c in cases])
+    suite = engine.generate([c.messages for c in cases], sampling, [c.images for c in cases],
+                            [c.audios for c in cases])
     probes = engine.generate(probe_chats, Sampling(min(PROBE_TOKENS, sampling.max_new_tokens), sampling.do_sample,
                                                     sampling.temperature, sampling.top_p, sampling.seed))
     return Answers(suite, probes, time.perf_counter() - start)
@@ -287,6 +302,8 @@ def case_records(cases: list[Case], answers: dict[str, Answers]) -> list[dict[st
                                   "checks": [c.describe() for c in case.checks]}
         if case.images:
             record["images"] = [str(path) for path in case.images]
+        if case.audios:
+            record["audios"] = [str(path) for path in case.audios]
         for side, got in answers.items():
             gen = got.suite[i]
             results = [c.passes(gen.text) for c in case.checks]

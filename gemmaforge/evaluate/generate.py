@@ -10,12 +10,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from gemmaforge.audio import LONGEST_CLIP_SECONDS
 from gemmaforge.chat.conversation import Message
-from gemmaforge.data.formats import IMAGE_PLACEHOLDER
 from gemmaforge.errors import StageError, UserError
 from gemmaforge.families import Family
 from gemmaforge.inference.jobs import Delta, Engine, Failed, Job, Params
-from gemmaforge.intake import decode_picture
+from gemmaforge.intake import decode_picture, decode_sound
+from gemmaforge.media import AUDIO, IMAGE
 
 
 @dataclass(frozen=True)
@@ -54,26 +55,34 @@ class EngineGenerator:
         self.engine, self.tokenizer, self.adapter = engine, tokenizer, adapter
 
     def generate(self, conversations: list[list[Message]], sampling: Sampling,
-                 images: list[list[Path]] | None = None) -> list[Generation]:
-        """`images`: each conversation's pictures, where its text has `<image>` (or the family's placeholder)."""
-        prompts = [self._prompt(m, images[i] if images else [], i) for i, m in enumerate(conversations)]
+                 images: list[list[Path]] | None = None, audios: list[list[Path]] | None = None) -> list[Generation]:
+        """`images`, `audios`: each conversation's pictures and clips, where its text has `<image>` / `<audio>` (or
+        the family's markers)."""
+        prompts = [self._prompt(m, images[i] if images else [], audios[i] if audios else [], i)
+                   for i, m in enumerate(conversations)]
         return asyncio.run(self._answers(prompts, sampling))
 
-    def _prompt(self, messages: list[Message], pictures: list[Path], index: int) -> tuple[list[int], Any]:
+    def _prompt(self, messages: list[Message], pictures: list[Path], clips: list[Path], index: int
+                ) -> tuple[list[int], Any]:
         family = self.engine.family
-        if not pictures:
+        if not pictures and not clips:
             return prompt_ids(self.tokenizer, family, messages), None
-        messages = [{**m, "content": m["content"].replace(IMAGE_PLACEHOLDER, family.chat.image)} for m in messages]
+        markers = {IMAGE.placeholder: family.chat.image, AUDIO.placeholder: family.chat.audio or AUDIO.placeholder}
+        messages = [{**m, "content": _replaced(m["content"], markers)} for m in messages]
         text = family.chat.render(messages, add_generation_prompt=True).text
         try:
-            return self.engine.encode_images(text, [decode_picture(p.read_bytes(), str(p)) for p in pictures])
+            rate = self.engine.audio_rate
+            if clips and rate is None:
+                raise ValueError(getattr(self.engine, "no_audio", "the model takes no sound"))
+            sounds = [decode_sound(p.read_bytes(), str(p), rate, LONGEST_CLIP_SECONDS) for p in clips] if rate else []
+            return self.engine.encode_media(text, [decode_picture(p.read_bytes(), str(p)) for p in pictures], sounds)
         except ValueError as e:
-            raise UserError(f"eval: conversation {index + 1} has images: {e}") from None
+            raise UserError(f"eval: conversation {index + 1} has media: {e}") from None
 
     async def _answers(self, prompts: list[tuple[list[int], Any]], sampling: Sampling) -> list[Generation]:
         loop = asyncio.get_running_loop()
-        jobs = [Job(ids, sampling.params(i), self.adapter, loop, stream=False, images=images)
-                for i, (ids, images) in enumerate(prompts)]
+        jobs = [Job(ids, sampling.params(i), self.adapter, loop, stream=False, media=media)
+                for i, (ids, media) in enumerate(prompts)]
         for job in jobs:
             self.engine.submit(job)
         return [await _generation(job) for job in jobs]
@@ -89,3 +98,9 @@ async def _generation(job: Job) -> Generation:
             raise StageError(f"eval: {event.message}")
         else:
             return Generation("".join(parts).strip(), event.completion_tokens, event.reason == "stop")
+
+
+def _replaced(text: str, markers: dict[str, str]) -> str:
+    for placeholder, marker in markers.items():
+        text = text.replace(placeholder, marker)
+    return text

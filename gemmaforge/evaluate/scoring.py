@@ -20,17 +20,17 @@ ASSETS = resources.files("gemmaforge.evaluate") / "assets"
 
 
 def mean_loss(model: Any, examples: list[dict[str, Any]], pad_token_id: int, batch_size: int,
-              vision: Any = None) -> float | None:
+              senses: Any = None) -> float | None:
     """Mean next-token cross-entropy over the supervised tokens of all examples (None when there are none); examples
-    with images are scored with their pictures (`vision`: the model's ImagePrompt)."""
+    with images or clips are scored with them (`senses`: the model's Senses)."""
     import torch
 
-    from gemmaforge.train.collate import ImageBatches, RightPadCollator
+    from gemmaforge.train.collate import MediaBatches, RightPadCollator
     from gemmaforge.train.loss import supervised_loss
 
     collate: Any = RightPadCollator(pad_token_id)
-    if vision is not None:
-        collate = ImageBatches(collate, vision)
+    if senses is not None:
+        collate = MediaBatches(collate, senses)
     total, count = 0.0, 0
     model.eval()
     with torch.no_grad():

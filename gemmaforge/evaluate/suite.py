@@ -10,6 +10,8 @@ A suite file is YAML (`cases: [...]`) or JSON Lines (one case per line):
       - prompt: "What is on this receipt's total line?"
         image: receipts/0412.jpg        # or images: [a.png, b.png]; relative to the suite; <image> places them
         checks: [{contains: "42.50"}]
+      - prompt: "What does the caller ask for?"
+        audio: calls/0007.wav           # or audios: [...]; <audio> places them (Gemma 4 E2B/E4B)
 
 Errors name the file, the case and its line, and list the known checks.
 """
@@ -27,8 +29,7 @@ from typing import Any, cast
 import yaml
 
 from gemmaforge.chat.conversation import Message
-from gemmaforge.data.formats import IMAGE_PLACEHOLDER
-from gemmaforge.data.images import ImageFinder
+from gemmaforge.data.media_files import ImageFinder, SoundFinder
 from gemmaforge.errors import UserError
 
 
@@ -76,6 +77,7 @@ class Case:
     checks: list[Check] = field(default_factory=list)
     id: str = ""
     images: list[Path] = field(default_factory=list)  # in the order of the <image> placeholders in `messages`
+    audios: list[Path] = field(default_factory=list)  # in the order of the <audio> placeholders
 
     @property
     def prompt(self) -> str:
@@ -129,7 +131,7 @@ def _yaml_items(path: Path, text: str) -> list[tuple[Any, int]]:
     return [(raw, node.start_mark.line + 1) for raw, node in zip(data["cases"], cases_node.value)]
 
 
-_CASE_KEYS = ("id", "prompt", "messages", "system", "reference", "checks", "image", "images")
+_CASE_KEYS = ("id", "prompt", "messages", "system", "reference", "checks", "image", "images", "audio", "audios")
 
 
 def _parse_case(raw: Any, where: str, index: int, folder: Path) -> Case:
@@ -145,25 +147,30 @@ def _parse_case(raw: Any, where: str, index: int, folder: Path) -> Case:
     checks = raw.get("checks") or []
     if not isinstance(checks, list):
         raise UserError(f"{where}: `checks` must be a list, e.g. [{{starts_with: '...'}}, {{max_chars: 200}}]")
+    # suites name files: nothing is written; clips are checked at the rate Gemma 4 and llama.cpp read them
+    images, sounds = ImageFinder(folder), SoundFinder(folder, None)
     return Case(messages, reference, [_parse_check(c, where) for c in checks], str(raw.get("id") or index + 1),
-                _case_images(raw, messages, where, folder))
+                _case_media(raw, messages, where, folder, images), _case_media(raw, messages, where, folder, sounds))
 
 
-def _case_images(raw: dict[str, Any], messages: list[Message], where: str, folder: Path) -> list[Path]:
-    """`image: PATH` or `images: [PATH, ...]` (relative to the suite's folder), checked now; placed where the
-    text has `<image>`, else before the last user turn's text (as Ollama places a message's images)."""
-    if "image" in raw and "images" in raw:
-        raise UserError(f"{where}: give `image` (one path) or `images` (a list), not both")
-    names = [raw["image"]] if "image" in raw else raw.get("images", [])
+def _case_media(raw: dict[str, Any], messages: list[Message], where: str, folder: Path,
+                finder: ImageFinder | SoundFinder) -> list[Path]:
+    """`image: PATH` or `images: [PATH, ...]` (`audio` / `audios` for clips; relative to the suite's folder),
+    checked now; placed where the text has `<image>` / `<audio>`, else before the last user turn's text (as Ollama
+    places a message's images)."""
+    kind = finder.kind
+    one, many = kind.name, kind.column
+    if one in raw and many in raw:
+        raise UserError(f"{where}: give `{one}` (one path) or `{many}` (a list), not both")
+    names = [raw[one]] if one in raw else raw.get(many, [])
     if not isinstance(names, list) or not all(isinstance(n, str) and n.strip() for n in names):
-        raise UserError(f"{where}: `image` must be a path, `images` a list of paths")
-    finder = ImageFinder(folder)  # suites name files; nothing is written
-    found = [finder.find(name, folder, f"{where}: image {i + 1}").path for i, name in enumerate(names)]
-    placed = sum(m["content"].count(IMAGE_PLACEHOLDER) for m in messages)
+        raise UserError(f"{where}: `{one}` must be a path, `{many}` a list of paths")
+    found = [finder.find(name, folder, f"{where}: {one} {i + 1}").path for i, name in enumerate(names)]
+    placed = sum(m["content"].count(kind.placeholder) for m in messages)
     if found and not placed:
-        messages[-1]["content"] = IMAGE_PLACEHOLDER * len(found) + messages[-1]["content"]
+        messages[-1]["content"] = kind.placeholder * len(found) + messages[-1]["content"]
     elif placed != len(found):
-        raise UserError(f"{where}: {len(found)} image(s) but {placed} {IMAGE_PLACEHOLDER} placeholder(s) in the text")
+        raise UserError(f"{where}: {len(found)} {one}(s) but {placed} {kind.placeholder} placeholder(s) in the text")
     return found
 
 
@@ -218,13 +225,13 @@ def _parse_check(raw: Any, where: str) -> Check:
 
 
 def val_sample_suite(conversations: list[list[Message]], n: int, seed: int,
-                     images: list[list[Path]] | None = None) -> list[Case]:
+                     images: list[list[Path]] | None = None, audios: list[list[Path]] | None = None) -> list[Case]:
     """The default suite: up to n val conversations, each cut before its last answer, which becomes
-    the reference (with the conversation's images)."""
+    the reference (with the conversation's images and clips)."""
     chosen = sorted(random.Random(seed).sample(range(len(conversations)), min(n, len(conversations))))
     return [
         Case(conversations[i][:-1], conversations[i][-1]["content"], id=f"val-{i + 1}",
-             images=images[i] if images else [])
+             images=images[i] if images else [], audios=audios[i] if audios else [])
         for i in chosen
         if len(conversations[i]) >= 2 and conversations[i][-1]["role"] == "assistant"
     ]

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -84,7 +85,7 @@ class Job:
     adapter: str | None  # None: the base model
     loop: asyncio.AbstractEventLoop
     stream: bool = True  # False: the text comes as one Delta before Finished (one wake-up of `loop`, not one a token)
-    images: dict[str, Any] | None = None  # the prompt's image inputs (vision.ImagePrompt.expand), if it has images
+    media: dict[str, Any] | None = None  # the prompt's picture and sound inputs (Engine.encode_media), if it has any
     events: asyncio.Queue[Event] = field(default_factory=asyncio.Queue)
     cancelled: threading.Event = field(default_factory=threading.Event)
 
@@ -229,15 +230,18 @@ class Engine(Protocol):
     family: Family
     device: Any  # where the weights are: "cpu", or a torch device (cuda: GPU memory)
     vision: Any  # how images enter its prompts (vision.ImagePrompt); None: it takes none
+    audio_rate: int | None  # the sample rate its clips are given at; None: it takes no sound
     base_path: Path | None  # the weights it loaded: a model folder or a GGUF file
     base_name: str | None  # that model as the user named it
     adapters: dict[str, Path]  # LoRA adapters loaded beside the base weights, by name (never for a GGUF file)
 
     def encode(self, text: str) -> list[int]: ...
 
-    def encode_images(self, text: str, images: list[Any]) -> tuple[list[int], dict[str, Any]]:
-        """`text`'s ids with each image placeholder expanded, and the images' inputs (Job.images); ValueError with
-        the reason when the model or engine takes no images, or the placeholders and images differ in number."""
+    def encode_media(self, text: str, images: Sequence[Any], clips: Sequence[Any] = ()
+                     ) -> tuple[list[int], dict[str, Any]]:
+        """`text`'s ids with each picture's and clip's marker expanded, and their inputs (Job.media): `images` PIL
+        pictures, `clips` float32 mono samples at audio_rate. ValueError with the reason when the model or engine
+        takes no pictures or no sound, or the markers and the media differ in number."""
         ...
 
     def compile_grammar(self, spec: str) -> None:

@@ -11,6 +11,7 @@ import random
 import re
 import threading
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -18,8 +19,8 @@ from gemmaforge.families import Family
 from gemmaforge.inference.jobs import Answer, Finished, Job, QueueFull, TextStream, TokenLogprob, decode_with_markers
 from gemmaforge.inference.llamacpp_images import Projector
 from gemmaforge.inference.sampling import token_logprob
+from gemmaforge.media import AUDIO, IMAGE, check_placeholders
 from gemmaforge.system.llamacpp_build import gpu_layers
-from gemmaforge.vision import check_placeholders
 
 
 class LlamaCppEngine:
@@ -42,6 +43,9 @@ class LlamaCppEngine:
                 self.vision = Projector(mmproj, self.llm, family)
             except ValueError as e:  # the text model still serves
                 self.no_vision = str(e)
+        self.audio_rate = self.vision.audio_rate if self.vision else None
+        self.no_audio = self.no_vision if self.vision is None else \
+            f"{mmproj.name if mmproj else 'its projector'} has no audio encoder (only Gemma 4 E2B and E4B hear)"
         self.family, self.num_ctx, self.path = family, num_ctx, gguf
         self.base_path: Path | None = gguf
         self.base_name: str | None = gguf.name
@@ -62,11 +66,17 @@ class LlamaCppEngine:
     def encode(self, text: str) -> list[int]:
         return self.llm.tokenize(text.encode(), add_bos=False, special=True)
 
-    def encode_images(self, text: str, images: list[Any]) -> tuple[list[int], dict[str, Any]]:
+    def encode_media(self, text: str, images: Sequence[Any], clips: Sequence[Any] = ()
+                     ) -> tuple[list[int], dict[str, Any]]:
         if self.vision is None:
             raise ValueError(self.no_vision)
-        check_placeholders(text, self.family.chat.image, images)
-        inputs = self.vision.inputs(text, images)
+        chat = self.family.chat
+        check_placeholders(text, chat.image, list(images), IMAGE)
+        if clips:
+            if self.audio_rate is None or chat.audio is None:
+                raise ValueError(self.no_audio)
+            check_placeholders(text, chat.audio, list(clips), AUDIO)
+        inputs = self.vision.inputs(text, list(images), list(clips))
         return self.vision.prompt_ids(inputs), inputs
 
     def _decode(self, ids: list[int]) -> str:
@@ -181,13 +191,13 @@ class LlamaCppEngine:
         try:
             self._generate(job, answer)
         finally:
-            if job.images:  # its image positions must never match a later prompt's: that one starts afresh
+            if job.media:  # its media positions must never match a later prompt's: that one starts afresh
                 self.llm.reset()
 
     def _generate(self, job: Job, answer: Answer) -> None:
         params = job.params
-        # an image prompt is evaluated here, then continued from the state llama.cpp holds (a full prefix hit)
-        prompt = self.vision.evaluate(self.llm, job.images) if job.images and self.vision else job.prompt_ids
+        # a prompt with media is evaluated here, then continued from the state llama.cpp holds (a full prefix hit)
+        prompt = self.vision.evaluate(self.llm, job.media) if job.media and self.vision else job.prompt_ids
         tokens = self.llm.generate(
             prompt, top_k=params.top_k if params.temperature > 0 else 1, top_p=params.top_p,
             min_p=params.min_p, temp=params.temperature, repeat_penalty=params.repeat_penalty, reset=True,

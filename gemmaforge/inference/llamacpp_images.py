@@ -1,10 +1,12 @@
-"""Images for the llama.cpp engine: llama.cpp's mtmd with the exported projector (`mmproj-f16.gguf`) beside
-the text GGUF, as `llama-mtmd-cli --mmproj` and `llama-server --mmproj` run it.
+"""Pictures and sound for the llama.cpp engine: llama.cpp's mtmd with the exported projector (`mmproj-f16.gguf`)
+beside the text GGUF, as `llama-mtmd-cli --mmproj` and `llama-server --mmproj` run it.
 
 mtmd writes each image as its begin token, the projector's embeddings and its end token (`<start_of_image>` ...
 `<end_of_image>` for Gemma 3, `<|image>` ... `<image|>` for Gemma 4) where the text has its media marker; the
 chat format's placeholder becomes that marker inside the margin Gemma's processor puts around an image, so the
-sequence is the one the transformers engine feeds (vision.py)."""
+sequence is the one the transformers engine feeds (vision.py). A clip (Gemma 4 E2B/E4B, whose projector carries
+the audio encoder) is written the same way (`<|audio>` ... `<audio|>`, no margin: audio.py), its samples given at
+the rate the projector asks for. mtmd takes the media in the order of their markers in the text."""
 
 from __future__ import annotations
 
@@ -50,14 +52,31 @@ class Projector:
         if not mtmd.mtmd_support_vision(self._ctx):
             mtmd.mtmd_free(self._ctx)
             raise ValueError(f"{path}: this projector has no vision encoder")
+        # the rate mtmd reads clips at (16 kHz for Gemma 4); None: this projector has no audio encoder
+        self.audio_rate: int | None = mtmd.mtmd_get_audio_sample_rate(self._ctx) \
+            if mtmd.mtmd_support_audio(self._ctx) else None
         self._lock = threading.Lock()
 
-    def inputs(self, text: str, images: list[Any]) -> dict[str, Any]:
-        """What Job.images holds for the engine: mtmd's text and the images' RGB pixels."""
+    def inputs(self, text: str, images: list[Any], clips: list[Any]) -> dict[str, Any]:
+        """What Job.media holds for the engine: mtmd's text and, in the order of their markers, the pictures' RGB
+        pixels ("image", width, height, bytes) and the clips' float32 samples ("audio", array)."""
         chat = self._family.chat
         marker = self._mtmd.mtmd_default_marker().decode()
-        return {"text": text.replace(chat.image, f"{chat.image_margin}{marker}{chat.image_margin}"),
-                "pixels": [(image.width, image.height, image.tobytes()) for image in images]}
+        markers = {chat.image: f"{chat.image_margin}{marker}{chat.image_margin}"}
+        pending: dict[str, list[tuple[Any, ...]]] = {
+            chat.image: [("image", im.width, im.height, im.tobytes()) for im in images]}
+        if chat.audio:
+            markers[chat.audio] = marker
+            pending[chat.audio] = [("audio", clip) for clip in clips]
+        ordered, out, rest = [], "", text
+        while True:  # each marker in the text, first to last, takes the next medium of its kind
+            found = [(rest.find(m), m) for m in markers if m in rest]
+            if not found:
+                break
+            at, which = min(found)
+            ordered.append(pending[which].pop(0))
+            out, rest = out + rest[:at] + markers[which], rest[at + len(which):]
+        return {"text": out + rest, "media": ordered}
 
     def prompt_ids(self, inputs: dict[str, Any]) -> list[int]:
         """The prompt's token ids, each image's positions holding -1 (their count is what the context holds)."""
@@ -85,7 +104,7 @@ class Projector:
                 n_past = llama_cpp.llama_pos(0)
                 if self._mtmd.mtmd_helper_eval_chunk_single(self._ctx, llm._ctx.ctx, chunk, llm.n_tokens, 0,
                                                              llm.n_batch, False, ctypes.byref(n_past)) != 0:
-                    raise RuntimeError("llama.cpp could not evaluate an image")
+                    raise RuntimeError("llama.cpp could not evaluate a picture or a clip")
                 llm.n_tokens = n_past.value
         return llm.input_ids[:llm.n_tokens].tolist()
 
@@ -102,14 +121,14 @@ class Projector:
                 raise ValueError("the model was unloaded")
             chunks, bitmaps = mtmd.mtmd_input_chunks_init(), []
             try:
-                for w, h, rgb in inputs["pixels"]:
-                    bitmaps.append(mtmd.mtmd_bitmap_init(w, h, (ctypes.c_uint8 * len(rgb)).from_buffer_copy(rgb)))
+                for medium in inputs["media"]:
+                    bitmaps.append(_bitmap(mtmd, medium))
                 encoded = inputs["text"].encode()
                 text = mtmd.mtmd_input_text(encoded, len(encoded), False, True)  # no <bos> added; specials parsed
                 array = (mtmd.mtmd_bitmap_p_ctypes * len(bitmaps))(*bitmaps)
                 status = mtmd.mtmd_tokenize(self._ctx, chunks, ctypes.byref(text), array, len(bitmaps))
                 if status != 0:
-                    raise ValueError(f"llama.cpp could not read the images with this prompt (mtmd_tokenize: {status})")
+                    raise ValueError(f"llama.cpp could not read the media with this prompt (mtmd_tokenize: {status})")
                 yield [mtmd.mtmd_input_chunks_get(chunks, i) for i in range(mtmd.mtmd_input_chunks_size(chunks))]
             finally:
                 mtmd.mtmd_input_chunks_free(chunks)
@@ -124,3 +143,14 @@ class Projector:
         n = ctypes.c_size_t()
         tokens = mtmd.mtmd_input_chunk_get_tokens_text(chunk, ctypes.byref(n))
         return [tokens[i] for i in range(n.value)]
+
+
+def _bitmap(mtmd: Any, medium: tuple[Any, ...]) -> Any:
+    """An mtmd bitmap of a picture ("image", width, height, RGB bytes) or a clip ("audio", float32 samples)."""
+    if medium[0] == "audio":
+        import numpy as np
+
+        samples = np.ascontiguousarray(medium[1], dtype=np.float32)  # mtmd copies them into the bitmap
+        return mtmd.mtmd_bitmap_init_from_audio(len(samples), samples.ctypes.data_as(ctypes.POINTER(ctypes.c_float)))
+    _, width, height, rgb = medium
+    return mtmd.mtmd_bitmap_init(width, height, (ctypes.c_uint8 * len(rgb)).from_buffer_copy(rgb))

@@ -18,6 +18,7 @@ import re
 import threading
 import time
 from collections import deque
+from collections.abc import Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,6 +26,7 @@ from typing import Any, Callable, TypeVar
 
 import torch
 
+from gemmaforge.audio import AudioPrompt
 from gemmaforge.families import Family
 from gemmaforge.inference.constrained import Grammars, Matcher
 from gemmaforge.inference.jobs import (
@@ -38,6 +40,7 @@ from gemmaforge.inference.jobs import (
     marker_ids,
 )
 from gemmaforge.inference.sampling import choose_token, new_generator, token_logprob
+from gemmaforge.media import merged_token_types
 from gemmaforge.models import fast_last_position_logits
 from gemmaforge.vision import ImagePrompt
 
@@ -79,10 +82,13 @@ class TransformersEngine:
     def __init__(self, model: Any, tokenizer: Any, family: Family, *, max_batch: int = 16, max_queue: int = 64,
                  num_ctx: int = 4096, max_prefill_tokens: int = 4096, base_path: Path | None = None,
                  base_name: str | None = None, vision: ImagePrompt | None = None,
-                 no_vision: str = "the model has no vision tower"):
+                 no_vision: str = "the model has no vision tower", audio: AudioPrompt | None = None,
+                 no_audio: str = "the model has no audio tower"):
         self.model, self.tokenizer, self.family = fast_last_position_logits(model.eval()), tokenizer, family
         self.base_path, self.base_name = base_path, base_name  # the folder loaded, as the user named it
         self.vision, self.no_vision = vision, no_vision  # how images enter a prompt, or why they cannot
+        self.audio, self.no_audio = audio, no_audio  # how sound enters a prompt, or why it cannot
+        self.audio_rate = audio.rate if audio else None
         self.device = next(model.parameters()).device
         self.peft: Any = None  # the PeftModel once an adapter is loaded
         self._tuner_layer: Any = None  # one of PEFT's adapter layers, once an adapter is loaded (see _use)
@@ -111,11 +117,20 @@ class TransformersEngine:
     def encode(self, text: str) -> list[int]:
         return self.tokenizer(text, add_special_tokens=False).input_ids
 
-    def encode_images(self, text: str, images: list[Any]) -> tuple[list[int], dict[str, Any]]:
-        if self.vision is None:
-            raise ValueError(self.no_vision)
-        expanded, inputs = self.vision.expand(text, images)
-        return self.encode(expanded), inputs
+    def encode_media(self, text: str, images: Sequence[Any], clips: Sequence[Any] = ()
+                     ) -> tuple[list[int], dict[str, Any]]:
+        inputs: dict[str, Any] = {}
+        if images:
+            if self.vision is None:
+                raise ValueError(self.no_vision)
+            text, pictures = self.vision.expand(text, list(images))
+            inputs.update(pictures)
+        if clips:
+            if self.audio is None:
+                raise ValueError(self.no_audio)
+            text, sound = self.audio.expand(text, list(clips))
+            inputs.update(sound)
+        return self.encode(text), inputs
 
     def parameter_count(self) -> int:
         return sum(p.numel() for p in self.model.parameters())
@@ -297,7 +312,7 @@ class TransformersEngine:
         for adapter, waiting in by_adapter.items():
             group: list[Job] = []
             for job in sorted(waiting, key=lambda j: len(j.prompt_ids)):  # each job is the group's longest so far
-                if job.images:  # its image inputs go through the towers in a forward of its own
+                if job.media:  # its media inputs go through the towers in a forward of its own
                     groups.append((adapter, [job]))
                     continue
                 if group and (len(group) + 1) * len(job.prompt_ids) > self.max_prefill_tokens:
@@ -324,9 +339,9 @@ class TransformersEngine:
         ids, mask = ids.to(self.device), mask.to(self.device)
         positions = (mask.cumsum(dim=1) - 1).clamp(min=0)
         cache = DynamicCache()  # full-length layers: the sliding window is applied by the attention mask
-        images = self._image_inputs(jobs[0], ids) if jobs[0].images else {}  # a job with images is alone
+        media = self._media_inputs(jobs[0], ids) if jobs[0].media else {}  # a job with media is alone
         logits = self._forward(adapter, cache, input_ids=ids, attention_mask=mask, position_ids=positions,
-                               cache_position=torch.arange(width, **on), **images)
+                               cache_position=torch.arange(width, **on), **media)
         now = time.perf_counter_ns()
         rows = [_Running(Answer(job, TextStream(self._decode, job.params.stop), self.num_ctx, prompt_ns=now - start,
                                 started_ns=now), new_generator(job.params.seed), list(job.prompt_ids),
@@ -347,14 +362,17 @@ class TransformersEngine:
             if new.rows:
                 self._batches[adapter] = _join(self._batches.get(adapter), new)
 
-    def _image_inputs(self, job: Job, ids: torch.Tensor) -> dict[str, Any]:
-        """A job's image inputs for the prefill forward: pixels in the model's dtype, image tokens marked."""
-        images, vision = job.images, self.vision
-        assert images is not None and vision is not None  # only encode_images gives a job images, and it needs vision
+    def _media_inputs(self, job: Job, ids: torch.Tensor) -> dict[str, Any]:
+        """A job's media inputs for the prefill forward: pixels and audio features in the model's dtype, the media
+        tokens marked."""
+        assert job.media is not None  # only encode_media gives a job media, with the towers they need
         dtype = next(self.model.parameters()).dtype
         inputs = {key: value.to(self.device, dtype=dtype) if value.is_floating_point() else value.to(self.device)
-                  for key, value in images.items()}
-        return {**inputs, **vision.token_types(ids)}
+                  for key, value in job.media.items()}
+        types = [prompt.token_types(ids) for prompt, key in ((self.vision, "pixel_values"),
+                                                              (self.audio, "input_features"))
+                 if prompt is not None and key in inputs]
+        return {**inputs, **merged_token_types(*types)}
 
     def _step(self, adapter: str | None) -> None:
         batch = self._batches[adapter]

@@ -17,9 +17,9 @@ from gemmaforge.families import Family
 from gemmaforge.models import ResolvedModel
 from gemmaforge.recipe.method import Datasets, Method
 from gemmaforge.runs import RunDir
+from gemmaforge.senses import Senses
 from gemmaforge.train.collate import RightPadCollator
 from gemmaforge.train.preference import PreferenceSettings, PreferenceTrainer
-from gemmaforge.vision import ImagePrompt
 
 
 def encode_pairs(pairs: list[tuple[list[Any], Any, Any]], tokenizer: Any, family: Family,
@@ -55,7 +55,7 @@ class PairCollator:
 
 
 def dpo_datasets(run: RunDir, config: RunConfig, tokenizer: Any, base: ResolvedModel,
-                 vision: ImagePrompt | None) -> Datasets:
+                 senses: Senses) -> Datasets:
     def encoded(name: str) -> tuple[list[dict[str, list[int]]], int]:
         pairs = read_prepared_pairs(run.require(run.data_dir / f"{name}.jsonl", "data"))
         return encode_pairs(pairs, tokenizer, base.family, config.train.cutoff_len)

@@ -25,9 +25,9 @@ from gemmaforge.models import ResolvedModel
 from gemmaforge.recipe.dpo import preference_datasets
 from gemmaforge.recipe.method import Datasets, Method
 from gemmaforge.runs import RunDir
+from gemmaforge.senses import Senses
 from gemmaforge.train.collate import RightPadCollator
 from gemmaforge.train.preference import FeedbackTrainer
-from gemmaforge.vision import ImagePrompt
 
 
 def encode_feedback(examples: list[tuple[list[Message], Message, bool]], tokenizer: Any, family: Family,
@@ -66,7 +66,7 @@ class FeedbackCollator:
 
 
 def kto_datasets(run: RunDir, config: RunConfig, tokenizer: Any, base: ResolvedModel,
-                 vision: ImagePrompt | None) -> Datasets:
+                 senses: Senses) -> Datasets:
     def encoded(name: str) -> tuple[list[dict[str, Any]], int]:
         examples = read_prepared_feedback(run.require(run.data_dir / f"{name}.jsonl", "data"))
         return encode_feedback(examples, tokenizer, base.family, config.train.cutoff_len)

@@ -15,7 +15,7 @@ from typing import Any
 from gemmaforge.config import RunConfig
 from gemmaforge.models import ResolvedModel
 from gemmaforge.runs import RunDir
-from gemmaforge.vision import ImagePrompt
+from gemmaforge.senses import Senses
 
 
 @dataclass(frozen=True)
@@ -33,6 +33,6 @@ class Datasets:
 @dataclass(frozen=True)
 class Method:
     name: str  # as `train.method` names it
-    # (run, config, tokenizer, base, vision) -> the encoded splits; UserError when nothing can be trained
-    datasets: Callable[[RunDir, RunConfig, Any, ResolvedModel, ImagePrompt | None], Datasets]
+    # (run, config, tokenizer, base, senses) -> the encoded splits; UserError when nothing can be trained
+    datasets: Callable[[RunDir, RunConfig, Any, ResolvedModel, Senses], Datasets]
     trainer: type  # a Trainer subclass on train/trainer_shims.ShimmedTrainer

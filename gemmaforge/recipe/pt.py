@@ -14,10 +14,10 @@ from gemmaforge.errors import UserError
 from gemmaforge.models import ResolvedModel
 from gemmaforge.recipe.method import Datasets, Method
 from gemmaforge.runs import RunDir
+from gemmaforge.senses import Senses
 from gemmaforge.train.collate import RightPadCollator
 from gemmaforge.train.loss import SupervisedLossTrainer
 from gemmaforge.train.packing import PackedCollator, pack_examples
-from gemmaforge.vision import ImagePrompt
 
 MIN_PIECE = 2  # a piece of one token predicts nothing
 
@@ -36,7 +36,7 @@ def encode_texts(texts: list[str], tokenizer: Any, cutoff_len: int) -> list[dict
 
 
 def pt_datasets(run: RunDir, config: RunConfig, tokenizer: Any, base: ResolvedModel,
-                vision: ImagePrompt | None) -> Datasets:
+                senses: Senses) -> Datasets:
     cutoff = config.train.cutoff_len
     splits = {name: read_prepared_texts(run.require(run.data_dir / f"{name}.jsonl", "data"))
               for name in ("train", "val")}

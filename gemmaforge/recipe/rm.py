@@ -14,12 +14,12 @@ from gemmaforge.models import ResolvedModel
 from gemmaforge.recipe.dpo import PairCollator, encode_pairs, preference_datasets
 from gemmaforge.recipe.method import Datasets, Method
 from gemmaforge.runs import RunDir
+from gemmaforge.senses import Senses
 from gemmaforge.train.preference import RewardTrainer
-from gemmaforge.vision import ImagePrompt
 
 
 def rm_datasets(run: RunDir, config: RunConfig, tokenizer: Any, base: ResolvedModel,
-                vision: ImagePrompt | None) -> Datasets:
+                senses: Senses) -> Datasets:
     reward_classifier(base.spec)  # refused before training when the result could not be saved as a scorer
 
     def encoded(name: str) -> tuple[list[dict[str, list[int]]], int]:

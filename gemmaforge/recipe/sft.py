@@ -7,42 +7,42 @@ from typing import Any
 
 from gemmaforge.config import RunConfig
 from gemmaforge.console import console
-from gemmaforge.data.prepare import read_prepared, read_prepared_images
+from gemmaforge.data.prepare import read_prepared, read_prepared_audios, read_prepared_images
 from gemmaforge.errors import UserError
 from gemmaforge.models import ResolvedModel
 from gemmaforge.recipe.method import Datasets, Method
 from gemmaforge.runs import RunDir
-from gemmaforge.train.collate import ImageBatches, RightPadCollator, tokenize_conversations
+from gemmaforge.senses import Senses
+from gemmaforge.train.collate import MediaBatches, RightPadCollator, tokenize_conversations
 from gemmaforge.train.loss import SupervisedLossTrainer
 from gemmaforge.train.packing import PackedCollator, pack_examples
-from gemmaforge.vision import ImagePrompt
 
 
 def encode_split(run: RunDir, config: RunConfig, tokenizer: Any, base: ResolvedModel, name: str,
-                 vision: ImagePrompt | None = None) -> tuple[list[dict], int]:
+                 senses: Senses) -> tuple[list[dict], int]:
     path = run.require(run.data_dir / f"{name}.jsonl", "data")
     return tokenize_conversations(
         read_prepared(path), tokenizer, base.family, config.train.cutoff_len, f"data/{name}.jsonl",
         train_on_prompt=config.data.train_on_prompt, mask_history=config.data.mask_history,
-        images=read_prepared_images(path), vision=vision,
+        images=read_prepared_images(path), audios=read_prepared_audios(path), senses=senses,
     )
 
 
-def sft_datasets(run: RunDir, config: RunConfig, tokenizer: Any, base: ResolvedModel,
-                 vision: ImagePrompt | None) -> Datasets:
+def sft_datasets(run: RunDir, config: RunConfig, tokenizer: Any, base: ResolvedModel, senses: Senses) -> Datasets:
     cutoff = config.train.cutoff_len
-    train_rows, dropped = encode_split(run, config, tokenizer, base, "train", vision)
-    val_rows, _ = encode_split(run, config, tokenizer, base, "val", vision)
+    train_rows, dropped = encode_split(run, config, tokenizer, base, "train", senses)
+    val_rows, _ = encode_split(run, config, tokenizer, base, "val", senses)
     if not train_rows:
         raise UserError(f"no training example keeps a supervised token within train.cutoff_len={cutoff}")
     if dropped:
         console.print(f"[yellow]gemmaforge[/]: {dropped} training examples dropped: "
                       f"prompt alone exceeds cutoff_len={cutoff}")
-    with_images = sum("images" in row for row in train_rows + val_rows)
-    if with_images and config.train.packing:
-        # Packed rows attend causally within each example; an image's tokens attend to each other both ways.
-        console.print(f"[bold]train[/]: {with_images} examples hold images: padded batches (train.packing is "
-                      "for text-only data)")
+    with_media = sum("images" in row or "audios" in row for row in train_rows + val_rows)
+    if with_media and config.train.packing:
+        # Packed rows attend causally within each example; an image's tokens attend to each other both ways, and
+        # the towers' inputs go with the padded batch's rows.
+        console.print(f"[bold]train[/]: {with_media} examples hold images or sound: padded batches (train.packing "
+                      "is for text-only data)")
         config = config.model_copy(deep=True)
         config.train.packing = False
     if config.train.packing:
@@ -52,8 +52,8 @@ def sft_datasets(run: RunDir, config: RunConfig, tokenizer: Any, base: ResolvedM
                       f"of <= {cutoff} tokens")
     else:
         train_set, val_set, collator = train_rows, val_rows, RightPadCollator(tokenizer.pad_token_id)
-        if with_images and vision is not None:  # data with images was refused for a model without a tower
-            collator = ImageBatches(collator, vision)
+        if with_media:  # data with media was refused for a model without their tower
+            collator = MediaBatches(collator, senses)
     return Datasets(train_set, val_set, collator, examples=len(train_rows), dropped=dropped,
                     max_images=max((len(row.get("images", ())) for row in train_rows), default=0), config=config)
 

@@ -27,6 +27,7 @@ from gemmaforge.recipe.troubleshoot import (
     slow_step_findings,
 )
 from gemmaforge.runs import RunDir, atomic_dir
+from gemmaforge.senses import Senses
 from gemmaforge.system.memory import peak_memory_bytes, reset_peak_memory
 from gemmaforge.system.monitor import DeviceMonitor
 from gemmaforge.system.sdpa_probe import attention_finding
@@ -51,7 +52,6 @@ from gemmaforge.train.sharding import (
 )
 from gemmaforge.train.wrapping import build_peft_model, lora_targets
 from gemmaforge.units import gib
-from gemmaforge.vision import ImagePrompt
 
 METHODS: dict[str, Method] = {method.name: method for method in (SFT, PT, DPO, KTO, RM)}
 
@@ -140,9 +140,9 @@ def train(run: RunDir, config: RunConfig, base: ResolvedModel) -> dict[str, Any]
                         "directory (a shared filesystem), or train with DDP (examples/distributed/ddp.yaml)")
     tokenizer = load_tokenizer(base.path)
     tokenizer.chat_template = family.chat.jinja()
-    vision, _ = ImagePrompt.of(base.path, base.spec, tokenizer)  # data with images was refused without it
+    senses = Senses.of(base.path, base.spec, tokenizer)  # data with media was refused without their tower
     method = METHODS[config.train.method]
-    data = method.datasets(run, config, tokenizer, base, vision)
+    data = method.datasets(run, config, tokenizer, base, senses)
     config = data.config
     reset_peak_memory()  # the plan counts from here (what this process holds now), so does the measured peak
     plan, config = check_memory(config, base, precision, sharding, data.max_images)

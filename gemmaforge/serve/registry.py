@@ -25,7 +25,7 @@ from gemmaforge.inference.jobs import Engine
 from gemmaforge.inference.llamacpp_images import projector_beside
 from gemmaforge.models import EMBEDDED_NAME, ResolvedModel, resolve_model
 from gemmaforge.pipeline import resolve_base
-from gemmaforge.vision import ImagePrompt
+from gemmaforge.senses import Senses
 
 if TYPE_CHECKING:
     from gemmaforge.inference.transformers_engine import TransformersEngine
@@ -322,10 +322,11 @@ def _load_transformers(base: ResolvedModel, reference: str, registry: Registry) 
     if torch.cuda.is_available():
         model = model.to("cuda")
     tokenizer = load_tokenizer(base.path)
-    vision, no_vision = ImagePrompt.of(base.path, base.spec, tokenizer)
+    senses = Senses.of(base.path, base.spec, tokenizer)
     return TransformersEngine(model, tokenizer, base.family, max_batch=registry.max_batch,
                               max_queue=registry.max_queue, num_ctx=registry.num_ctx,
-                              base_path=base.path.resolve(), base_name=reference, vision=vision, no_vision=no_vision)
+                              base_path=base.path.resolve(), base_name=reference, vision=senses.vision,
+                              no_vision=senses.no_vision, audio=senses.audio, no_audio=senses.no_audio)
 
 
 def _require_safetensors(folder: Path, name: str | None = None) -> None:

@@ -93,7 +93,7 @@ def _last_hidden(causal_lm: Any, inputs: dict[str, torch.Tensor]) -> torch.Tenso
                                **({"segments": inputs["segments"]} if inputs.get("segments") is not None else {}))
     else:
         body = causal_lm.model(input_ids=inputs["input_ids"], attention_mask=inputs["attention_mask"], use_cache=False,
-                               **_image_inputs(causal_lm, inputs))
+                               **_media_inputs(causal_lm, inputs))
     return body.last_hidden_state
 
 
@@ -115,15 +115,18 @@ def supervised_states(last_hidden: torch.Tensor, labels: torch.Tensor,
             labels.reshape(-1).index_select(0, positions + 1))
 
 
-# What a batch with images brings (train/collate.py ImageBatches): the image processor's outputs and the token types
-IMAGE_INPUTS = ("pixel_values", "image_position_ids", "token_type_ids", "mm_token_type_ids")
+# What a batch with images or clips brings (train/collate.py MediaBatches): the image processor's and the feature
+# extractor's outputs and the token types
+MEDIA_INPUTS = ("pixel_values", "image_position_ids", "input_features", "input_features_mask", "token_type_ids",
+                "mm_token_type_ids")
 
 
-def _image_inputs(causal_lm: Any, inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """The batch's image inputs, pixels in the dtype the model computes in."""
-    found = {key: inputs[key] for key in IMAGE_INPUTS if inputs.get(key) is not None}
-    if "pixel_values" in found:
-        found["pixel_values"] = found["pixel_values"].to(causal_lm.dtype)
+def _media_inputs(causal_lm: Any, inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The batch's image and audio inputs, pixels and audio features in the dtype the model computes in."""
+    found = {key: inputs[key] for key in MEDIA_INPUTS if inputs.get(key) is not None}
+    for key in ("pixel_values", "input_features"):
+        if key in found:
+            found[key] = found[key].to(causal_lm.dtype)
     return found
 
 
@@ -175,7 +178,7 @@ def install_supervised_forward(model: Any, chunk_size: int) -> None:
         inputs: dict[str, Any] = {"input_ids": input_ids, "labels": labels,
                                   "supervised_positions": extra.get("supervised_positions")}
         inputs.update({"position_ids": position_ids, "segments": extra.get("segments")} if position_ids is not None
-                      else {"attention_mask": attention_mask, **{k: extra.get(k) for k in IMAGE_INPUTS}})
+                      else {"attention_mask": attention_mask, **{k: extra.get(k) for k in MEDIA_INPUTS}})
         if extra.get("sequence_logps"):  # a preference method's forward: each row's log-probability
             return SequenceLogps(*sequence_logps(self, inputs, chunk_size))
         if extra.get("rewards"):  # a reward model's forward: each row's score

@@ -9,11 +9,11 @@ from pathlib import Path
 
 from gemmaforge.chat.conversation import IGNORE_INDEX
 from gemmaforge.config import RunConfig
-from gemmaforge.data.inspect import encoded_conversations, token_spans
+from gemmaforge.data.inspect import encoded_conversations, media_slots, token_spans
 from gemmaforge.data.prepare import resolve_sources
 from gemmaforge.models import ResolvedModel, load_tokenizer, resolve_model
+from gemmaforge.senses import Senses
 from gemmaforge.train.memory_plan import Plan, plan_config, plan_summary
-from gemmaforge.vision import ImagePrompt
 
 
 @dataclass(frozen=True)
@@ -35,11 +35,11 @@ def preview(config: RunConfig, base: ResolvedModel, n: int = 3) -> list[Preview]
     cutoff, shown = config.train.cutoff_len, list[Preview]()
     for e in encoded_conversations(source.path, source.schema, config.data.system, tokenizer, base.family,
                                    train_on_prompt=config.data.train_on_prompt, mask_history=config.data.mask_history,
-                                   vision=ImagePrompt.of(base.path, base.spec, tokenizer)):
+                                   senses=Senses.of(base.path, base.spec, tokenizer)):
         if len(shown) == n:
             break
         supervised = sum(label != IGNORE_INDEX for label in e.labels[:cutoff])
-        spans = token_spans(e.text, e.labels, e.offsets, cutoff, getattr(tokenizer, "image_token", None))
+        spans = token_spans(e.text, e.labels, e.offsets, cutoff, media_slots(tokenizer))
         shown.append(Preview(e.where, len(e.ids), supervised, spans))
     return shown
 

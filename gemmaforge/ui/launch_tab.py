@@ -77,7 +77,7 @@ def launch_tab(board: Dashboard, default_config: str) -> None:
         plan_button = gr.Button("Plan memory")
         start = gr.Button("Start", variant="primary", elem_id="start")
     message = gr.Markdown(elem_id="launch-message")
-    colours = {"supervised": "green", "cut": "red", "image": "magenta"}
+    colours = {"supervised": "green", "cut": "red", "image": "magenta", "audio": "cyan"}
     previews = [gr.HighlightedText(label=f"conversation {i + 1}", color_map=colours,
                                    combine_adjacent=True, show_legend=True, elem_id=f"preview-{i}")
                 for i in range(PREVIEWS)]

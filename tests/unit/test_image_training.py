@@ -14,7 +14,8 @@ from PIL import Image
 from gemmaforge.chat.conversation import IGNORE_INDEX
 from gemmaforge.model_spec import read_spec
 from gemmaforge.models import load_tokenizer
-from gemmaforge.train.collate import ImageBatches, RightPadCollator, tokenize_conversations
+from gemmaforge.senses import Senses
+from gemmaforge.train.collate import MediaBatches, RightPadCollator, tokenize_conversations
 from gemmaforge.vision import ImagePrompt
 from tests.helpers import run_config
 from tests.image_helpers import KINDS, QUESTION, picture
@@ -35,7 +36,7 @@ def examples(kind: str, checkpoint_of, tmp_path: Path, train_on_prompt: bool = F
         for _ in paths]
     rows, dropped = tokenize_conversations(conversations, tokenizer, spec.family, 1024, "test",
                                            train_on_prompt=train_on_prompt, images=[[], [paths[0]], [paths[1]]],
-                                           vision=vision)
+                                           senses=Senses(vision))
     assert dropped == 0
     return model, spec, tokenizer, vision, rows
 
@@ -85,7 +86,7 @@ def test_a_cutoff_inside_an_image_drops_the_example(checkpoint_of, tmp_path: Pat
                     {"role": "assistant", "content": "x"}]
     rows, dropped = tokenize_conversations([conversation], tokenizer, spec.family, 8, "test", train_on_prompt=True,
                                            images=[[tmp_path / "a.png"]],
-                                           vision=ImagePrompt.load(model, spec, tokenizer))
+                                           senses=Senses(ImagePrompt.load(model, spec, tokenizer)))
     assert rows == [] and dropped == 1
 
 
@@ -101,7 +102,7 @@ def test_mixed_batch_runs_the_frozen_tower_and_its_pixels_matter(kind: str, chec
     tower = model.get_base_model().model.vision_tower
     calls = []
     tower.register_forward_hook(lambda *_: calls.append(1))
-    collate = ImageBatches(RightPadCollator(tokenizer.pad_token_id), vision)
+    collate = MediaBatches(RightPadCollator(tokenizer.pad_token_id), Senses(vision))
     batch = collate(rows[:2])  # a text conversation beside one with a picture
     loss = model(**batch).loss
     loss.backward()
@@ -125,8 +126,8 @@ def test_val_loss_is_scored_with_the_pictures(checkpoint_of, tmp_path: Path) -> 
         (path,) = row["images"]
         Image.fromarray(255 - np.asarray(Image.open(path))).save(tmp_path / f"other{i}.png")
         others.append({**row, "images": [tmp_path / f"other{i}.png"]})
-    own = mean_loss(model, rows[1:], tokenizer.pad_token_id, 2, vision)
-    assert own is not None and own != pytest.approx(mean_loss(model, others, tokenizer.pad_token_id, 2, vision))
+    own = mean_loss(model, rows[1:], tokenizer.pad_token_id, 2, Senses(vision))
+    assert own is not None and own != pytest.approx(mean_loss(model, others, tokenizer.pad_token_id, 2, Senses(vision)))
 
 
 def saved_bytes(model, batch: dict) -> int:
@@ -166,8 +167,8 @@ def test_planner_prices_what_an_adapted_tower_keeps_per_picture(kind: str, check
     Image.new("RGB", LARGEST_PICTURE, (90, 20, 200)).save(tmp_path / "big.png")
     rows, _ = tokenize_conversations(
         [[{"role": "user", "content": spec.family.chat.image + QUESTION}, {"role": "assistant", "content": "x"}]],
-        tokenizer, spec.family, 4096, "test", images=[[tmp_path / "big.png"]], vision=vision)
-    batch = ImageBatches(RightPadCollator(tokenizer.pad_token_id), vision)(rows)
+        tokenizer, spec.family, 4096, "test", images=[[tmp_path / "big.png"]], senses=Senses(vision))
+    batch = MediaBatches(RightPadCollator(tokenizer.pad_token_id), Senses(vision))(rows)
     adapted = run_config(model={"name_or_path": str(model_dir)}, train={"packing": False},
                          lora={"target_modules": "all-linear", "freeze_vision_tower": False,
                                "freeze_multi_modal_projector": False})

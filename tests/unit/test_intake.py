@@ -1,4 +1,4 @@
-"""One intake for pictures (gemmaforge/intake.py): the same rules at prepare time (data/images.py, also eval's
+"""One intake for pictures (gemmaforge/intake.py): the same rules at prepare time (data/media_files.py, also eval's
 suites), in training batches and evaluation (decode_picture) and in the server's requests (serve/protocol.py)."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from gemmaforge.data.images import ImageFinder
+from gemmaforge.data.media_files import ImageFinder
 from gemmaforge.errors import UserError
 from gemmaforge.intake import check_picture, decode_picture, picture_sizes
 from gemmaforge.serve.protocol import ApiError, Pictures

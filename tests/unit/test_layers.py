@@ -14,9 +14,10 @@ PACKAGE = Path(__file__).parents[2] / "gemmaforge"
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("core: basics", ("gemmaforge", "gemmaforge.errors", "gemmaforge.console", "gemmaforge.units",
                       "gemmaforge.distributed", "gemmaforge.gguf_file",
-                      "gemmaforge.gguf_names", "gemmaforge.intake")),
+                      "gemmaforge.gguf_names", "gemmaforge.intake", "gemmaforge.media")),
     ("core: chat formats", ("gemmaforge.chat",)),
-    ("core: model facts", ("gemmaforge.families", "gemmaforge.model_spec", "gemmaforge.vision")),
+    ("core: model facts", ("gemmaforge.families", "gemmaforge.model_spec", "gemmaforge.vision", "gemmaforge.audio",
+                          "gemmaforge.senses")),
     ("core: configuration", ("gemmaforge.compat", "gemmaforge.config", "gemmaforge.runs")),
     ("core: models", ("gemmaforge.models",)),
     ("system", ("gemmaforge.system",)),

@@ -81,12 +81,12 @@ def test_image_prompts_equal_the_official_processor_and_generate(kind: str, chec
                                        eos_token_id=stops)[0, len(text_prompt):].tolist()
 
     engine = RecordingEngine(model, tokenizer, spec.family, vision=vision)
-    prompt_ids, image_inputs = engine.encode_images(PROMPTS[kind], images)
+    prompt_ids, image_inputs = engine.encode_media(PROMPTS[kind], images)
     assert prompt_ids == ids[0].tolist()
 
     async def both() -> list[Job]:
         loop = asyncio.get_running_loop()
-        jobs = [Job(prompt_ids, Params(max_tokens=n, temperature=0), None, loop, images=image_inputs),
+        jobs = [Job(prompt_ids, Params(max_tokens=n, temperature=0), None, loop, media=image_inputs),
                 Job(text_prompt, Params(max_tokens=n, temperature=0), None, loop)]
         await asyncio.gather(*(ask(engine, job, [], i) for i, job in enumerate(jobs)))
         return jobs

@@ -44,7 +44,7 @@ async def complete(request: Request, state: AppState, dialect: Dialect, chat: bo
         images = None
         if completion.images:  # the image processor's work, off the event loop
             try:
-                ids, images = await asyncio.to_thread(served.engine.encode_images, completion.prompt,
+                ids, images = await asyncio.to_thread(served.engine.encode_media, completion.prompt,
                                                       list(completion.images))
             except ValueError as e:
                 raise p.bad(f"images: {served.name}: {e}") from None
@@ -91,7 +91,7 @@ async def anthropic_count_tokens(request: Request, state: State) -> dict[str, in
         if not images:
             return {"input_tokens": len(served.engine.encode(prompt))}
         try:  # a model without vision refuses them here, as it does a completion's
-            ids, _inputs = await asyncio.to_thread(served.engine.encode_images, prompt, list(images))
+            ids, _inputs = await asyncio.to_thread(served.engine.encode_media, prompt, list(images))
         except ValueError as e:
             raise bad(f"images: {served.name}: {e}") from None
         return {"input_tokens": len(ids)}
