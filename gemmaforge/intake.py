@@ -125,7 +125,9 @@ def decode_sound(data: bytes, where: str, rate: int, max_seconds: float) -> np.n
     try:
         samples, source_rate = soundfile.read(io.BytesIO(data), dtype="float32", always_2d=True)
     except Exception as e:  # noqa: BLE001  (libsndfile's errors and soundfile's own for unknown formats)
-        raise UserError(f"{where}: not a sound libsndfile can read ({str(e).strip() or type(e).__name__})") from None
+        # soundfile says "Error opening <the BytesIO's repr>: <libsndfile's reason>": the reason alone
+        reason = str(e).strip().rpartition(">: ")[2] or type(e).__name__
+        raise UserError(f"{where}: not a sound libsndfile can read ({reason})") from None
     if not samples.size:
         raise UserError(f"{where}: the clip is empty (no samples)")
     seconds = len(samples) / source_rate

@@ -20,7 +20,7 @@ from gemmaforge import __version__
 from gemmaforge.serve.anthropic_api import error_body as anthropic_error
 from gemmaforge.serve.protocol import ApiError, Limits
 from gemmaforge.serve.registry import Registry
-from gemmaforge.serve.routes import adapters, admin, completions, embeddings, models
+from gemmaforge.serve.routes import adapters, admin, audio, completions, embeddings, models
 from gemmaforge.serve.state import MAX_BODY, AppState
 
 
@@ -28,7 +28,7 @@ def create_app(registry: Registry, *, api_key: str | None = None, max_tokens: in
                timeout_s: float = 600.0) -> FastAPI:
     app = FastAPI(title="gemmaforge serve", version=__version__, docs_url=None, redoc_url=None, openapi_url=None)
     app.state.serve = AppState(registry, Limits(max_tokens=max_tokens), timeout_s)
-    for routes in (models, completions, embeddings, admin, adapters):
+    for routes in (models, completions, audio, embeddings, admin, adapters):
         app.include_router(routes.router)
 
     @app.middleware("http")

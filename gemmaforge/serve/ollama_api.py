@@ -27,6 +27,7 @@ from gemmaforge.serve.protocol import (
     logprobs_of,
     messages_of,
     refuse_unsupported,
+    sounds_in,
     stops,
     tools_of,
 )
@@ -46,18 +47,19 @@ class OllamaDialect:
             return LoadOnly({"model": data["model"], "created_at": now(), **empty, "done": True, "done_reason": "load"})
         think, tools = think_of(data), tools_of(data) if chat else []
         if chat:
-            messages = messages_of(data, served.family.chat.image)
-            prompt, images = chat_prompt(served, messages, tools, think), images_in(messages)
+            messages = messages_of(data, served.family.chat.image, audio=served.family.chat.audio)
+            prompt, images, sounds = chat_prompt(served, messages, tools, think), images_in(messages), \
+                sounds_in(messages)
         else:
             if data.get("tools"):
                 raise bad("tools: /api/generate takes no tools; use /api/chat")
-            prompt, images = generate_prompt(served, data, think)
+            prompt, images, sounds = generate_prompt(served, data, think)
         options = field(data, "options", dict, {})
         raw = not chat and field(data, "raw", bool, False)
         return Completion(data["model"], prompt, chat, field(data, "stream", bool, True), options_of(served, options),
                           stops(options, "options."), grammar=format_of(data),
                           reading=None if raw else served.family.chat, tools=bool(tools), images=images,
-                          logprobs=logprobs_of(data))
+                          sounds=sounds, logprobs=logprobs_of(data))
 
     async def stream(self, c: Completion, events: AsyncIterator[Event]) -> AsyncIterator[bytes]:
         reader = c.reader()

@@ -27,6 +27,7 @@ from gemmaforge.serve.protocol import (
     logprob_json,
     logprobs_of,
     messages_of,
+    sounds_in,
     stops,
     tools_of,
 )
@@ -40,12 +41,14 @@ class OpenAIDialect:
     def parse(self, data: dict[str, Any], served: ServedModel, chat: bool) -> Completion:
         tools: list[Any] = []
         images: tuple[Any, ...] = ()
+        sounds: tuple[tuple[str, bytes], ...] = ()
         if chat:
             tools = tools_of(data) if tool_choice(data) == "auto" else []
-            messages = messages_of(data, served.family.chat.image, openai=True)
+            messages = messages_of(data, served.family.chat.image, openai=True, audio=served.family.chat.audio)
             prompt, images = chat_prompt(served, messages, tools, think_of(data)), images_in(messages)
+            sounds = sounds_in(messages)
         elif isinstance(data.get("prompt"), str):
-            prompt, _ = generate_prompt(served, {"prompt": data["prompt"]})
+            prompt, _, _ = generate_prompt(served, {"prompt": data["prompt"]})
         else:
             raise bad("prompt: expected a string")
         stream = field(data, "stream", bool, False)
@@ -53,7 +56,7 @@ class OpenAIDialect:
                                          "stream_options.")
         return Completion(data["model"], prompt, chat, stream, options_of(served, data), stops(data), include_usage,
                           grammar=response_format(data), reading=served.family.chat if chat else None,
-                          tools=bool(tools), images=images,
+                          tools=bool(tools), images=images, sounds=sounds,
                           logprobs=logprobs_of(data) if chat else completion_logprobs(data))
 
     async def stream(self, c: Completion, events: AsyncIterator[Event]) -> AsyncIterator[bytes]:

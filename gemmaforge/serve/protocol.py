@@ -61,6 +61,8 @@ class Completion:
     reading: ChatFormat | None = None  # the answer is read in this format (thinking, tool calls); None: raw text
     tools: bool = False  # the request offered tools: calls are read back
     images: tuple[Any, ...] = ()  # decoded, in the order of their placeholders in `prompt`
+    # the clips' files as sent, in the order of their markers, with where the request held each (the route decodes them)
+    sounds: tuple[tuple[str, bytes], ...] = ()
     logprobs: int | None = None  # Params.logprobs: None, or how many of the likeliest tokens to add to each
     prompt_tokens: int = 0  # the prompt's length in tokens, once encoded (a stream's first event may report it)
     started_ns: int = dataclass_field(default_factory=time.perf_counter_ns)
@@ -196,14 +198,48 @@ class Pictures:
         self.left = MAX_PIXELS
 
     def decode(self, text: Any, where: str) -> Any:
-        """An image sent as base64 (Ollama's `images`; a data URI is accepted too), through the intake every
-        picture goes through (gemmaforge/intake.py)."""
+        """An image sent as base64 (a data URI is accepted too), through the intake every picture goes through
+        (gemmaforge/intake.py)."""
         try:
-            image = decode_picture(base64_bytes(text, where), where, self.left)
+            return self.decode_bytes(base64_bytes(text, where), where)
         except UserError as e:
             raise bad(str(e)) from None
+
+    def decode_bytes(self, data: bytes, where: str) -> Any:
+        image = decode_picture(data, where, self.left)
         self.left -= image.width * image.height
         return image
+
+
+def ollama_media(sent: list[Any], where: str, pictures: Pictures, placeholder: str, audio: str | None
+                 ) -> tuple[str, list[Any], list[tuple[str, bytes]]]:
+    """Ollama's `images` (base64), which carry clips too, told apart by their first bytes as Ollama tells them
+    (WAV, MP3; FLAC and Ogg too, which llama.cpp and the intake read): the markers they put before the text (in the
+    order sent, as Ollama places them), the decoded pictures and the clips' files."""
+    markers, images, sounds = [], [], []
+    for j, text in enumerate(sent):
+        at = f"{where}images[{j}]"
+        try:
+            data = base64_bytes(text, at)
+            if is_sound(data):
+                if audio is None:
+                    raise UserError(f"{at}: a clip, and this model's chat format takes no sound (Gemma 4 E2B and "
+                                    "E4B hear)")
+                markers.append(audio)
+                sounds.append((at, data))
+            else:
+                markers.append(placeholder)
+                images.append(pictures.decode_bytes(data, at))
+        except UserError as e:
+            raise bad(str(e)) from None
+    return "".join(markers), images, sounds
+
+
+def is_sound(data: bytes) -> bool:
+    """Whether a file's first bytes are a clip's: WAV (RIFF....WAVE), MP3 (an ID3 tag or an MPEG frame sync),
+    FLAC, Ogg."""
+    return (data[:4] == b"RIFF" and data[8:12] == b"WAVE") or data[:3] == b"ID3" or data[:4] in (b"fLaC", b"OggS") \
+        or (len(data) > 1 and data[0] == 0xFF and data[1] & 0xE0 == 0xE0)
 
 
 def image_url(part: dict[str, Any], where: str, pictures: Pictures) -> Any:
@@ -226,12 +262,31 @@ def data_uri_image(url: str, where: str, pictures: Pictures, key: str = "") -> A
     return pictures.decode(url, where)
 
 
-def _content(m: dict[str, Any], where: str, openai: bool, placeholder: str,
-             pictures: Pictures) -> tuple[str, list[Any]]:
-    """A message's text, with `placeholder` where each of its images goes, and the images: OpenAI's content parts
-    in their order; Ollama's `images` before the text, as Ollama places them."""
+def input_audio(part: dict[str, Any], where: str, marker: str | None) -> bytes:
+    """An OpenAI `input_audio` content part's clip: its base64 `data` (a file in `format`: wav, mp3, ... anything
+    libsndfile reads), decoded by the route at the engine's rate. `marker`: where the chat format writes a clip
+    (None: it writes none)."""
+    if marker is None:
+        raise bad(f"{where}input_audio: this model's chat format takes no sound (Gemma 4 E2B and E4B hear)")
+    sent = part.get("input_audio")
+    if not isinstance(sent, dict) or not isinstance(sent.get("data"), str) or not sent["data"]:
+        raise bad(f"{where}input_audio.data: expected the clip's file in base64")
+    if not isinstance(sent.get("format", "wav"), str):
+        raise bad(f"{where}input_audio.format: expected a string such as wav or mp3")
+    try:
+        return base64_bytes(sent["data"], f"{where}input_audio.data", "clip")
+    except UserError as e:
+        raise bad(str(e)) from None
+
+
+def _content(m: dict[str, Any], where: str, openai: bool, placeholder: str, pictures: Pictures,
+             audio: str | None) -> tuple[str, list[Any], list[tuple[str, bytes]]]:
+    """A message's text, with `placeholder` where each of its images goes (`audio` where each clip goes), and the
+    images and clips: OpenAI's content parts in their order; Ollama's `images` before the text, as Ollama places
+    them."""
     content = m.get("content")
     images: list[Any] = []
+    sounds: list[tuple[str, bytes]] = []
     if openai and isinstance(content, list):  # [{"type": "text", "text": ...}, {"type": "image_url", ...}]
         texts = []
         for j, part in enumerate(content):
@@ -241,20 +296,27 @@ def _content(m: dict[str, Any], where: str, openai: bool, placeholder: str,
             elif kind == "image_url":
                 images.append(image_url(part, f"{where}content[{j}].", pictures))
                 texts.append(placeholder)
+            elif kind == "input_audio":
+                sounds.append((f"{where}content[{j}].input_audio", input_audio(part, f"{where}content[{j}].", audio)))
+                texts.append(audio or "")
             else:
-                raise bad(f"{where}content[{j}]: expected a text or image_url part")
+                raise bad(f"{where}content[{j}]: expected a text, image_url or input_audio part")
         content = "".join(texts)
     elif content is None:
         content = ""
     elif not isinstance(content, str):
         raise bad(f"{where}content: expected string, got {type(content).__name__}")
-    sent = field(m, "images", list, [], where)
-    images += [pictures.decode(data, f"{where}images[{j}]") for j, data in enumerate(sent)]
-    return placeholder * len(sent) + content, images
+    markers, sent_images, sent_sounds = ollama_media(field(m, "images", list, [], where), where, pictures, placeholder,
+                                                     audio)
+    return markers + content, images + sent_images, sounds + sent_sounds
 
 
 def images_in(messages: list[Message]) -> tuple[Any, ...]:
     return tuple(image for m in messages for image in m.get("images", ()))
+
+
+def sounds_in(messages: list[Message]) -> tuple[tuple[str, bytes], ...]:
+    return tuple(clip for m in messages for clip in m.get("audios", ()))
 
 
 def each_message(data: dict[str, Any]) -> Iterator[tuple[str, dict[str, Any]]]:
@@ -273,9 +335,11 @@ def compact(message: Message) -> Message:
     return {k: v for k, v in message.items() if v or k == "content"}
 
 
-def messages_of(data: dict[str, Any], placeholder: str, openai: bool = False) -> list[Message]:
+def messages_of(data: dict[str, Any], placeholder: str, openai: bool = False, audio: str | None = None
+                ) -> list[Message]:
     """A request's messages as chat Messages: text contents with `placeholder` where an image goes (the decoded
-    images under "images"), an assistant's tool calls and thinking (Ollama's `thinking`, OpenAI-compatible
+    images under "images"), `audio` where a clip goes (OpenAI's input_audio parts, their files under "audios"),
+    an assistant's tool calls and thinking (Ollama's `thinking`, OpenAI-compatible
     servers' `reasoning_content`), a tool result's function (Ollama's `tool_name`, OpenAI's `tool_call_id` naming a
     call)."""
     out = []
@@ -285,10 +349,12 @@ def messages_of(data: dict[str, Any], placeholder: str, openai: bool = False) ->
         role = "system" if openai and role == "developer" else role
         if role not in _ROLES:
             raise bad(f"{where}role: {role!r} is not supported; expected one of {', '.join(_ROLES)}")
-        content, images = _content(m, where, openai, placeholder, pictures)
+        content, images, sounds = _content(m, where, openai, placeholder, pictures, audio)
         if images and role not in _IMAGE_ROLES:
             raise bad(f"{where}images: {role} messages carry no images; send them in a user message")
-        message: Message = {"role": role, "content": content, "images": images}
+        if sounds and role != "user":
+            raise bad(f"{where}content: {role} messages carry no sound; send it in a user message")
+        message: Message = {"role": role, "content": content, "images": images, "audios": sounds}
         if role == "assistant":
             calls = field(m, "tool_calls", list, [], where)
             try:
@@ -340,22 +406,23 @@ def chat_prompt(served: ServedModel, messages: list[Message], tools: list[Tool] 
 
 
 def generate_prompt(served: ServedModel, data: dict[str, Any],
-                    think: bool = False) -> tuple[str, tuple[Any, ...]]:
-    """/api/generate and /v1/completions: `prompt` in the chat template (with `system`, after Ollama's `images`),
-    or as is with `raw` (which then holds an image placeholder for each image); and the decoded images."""
+                    think: bool = False) -> tuple[str, tuple[Any, ...], tuple[tuple[str, bytes], ...]]:
+    """/api/generate and /v1/completions: `prompt` in the chat template (with `system`, after Ollama's `images`,
+    which may be clips), or as is with `raw` (which then holds a marker for each image and clip); the decoded
+    images and the clips' files."""
     prompt = field(data, "prompt", str, "")
     system = field(data, "system", str)
-    pictures = Pictures()
-    images = tuple(pictures.decode(data, f"images[{j}]") for j, data in enumerate(field(data, "images", list, [])))
+    chat = served.family.chat
+    markers, images, sounds = ollama_media(field(data, "images", list, []), "", Pictures(), chat.image, chat.audio)
     if field(data, "raw", bool, False):
         if system or data.get("template") or data.get("context"):
             raise bad("raw mode does not support template, system, or context")
-        return (prompt if prompt.startswith(BOS) else BOS + prompt), images
+        return (prompt if prompt.startswith(BOS) else BOS + prompt), tuple(images), tuple(sounds)
     if data.get("template"):
         raise bad("template: a per-request template is not supported; the served model's training template is used")
     messages = [{"role": "system", "content": system}] if system else []
-    user = {"role": "user", "content": served.family.chat.image * len(images) + prompt}
-    return chat_prompt(served, [*messages, user], think=think), images
+    user = {"role": "user", "content": markers + prompt}
+    return chat_prompt(served, [*messages, user], think=think), tuple(images), tuple(sounds)
 
 
 def refuse_unsupported(data: dict[str, Any]) -> None:

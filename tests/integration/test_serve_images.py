@@ -154,7 +154,7 @@ def test_llama_cpp_reads_pictures_as_transformers_does(checkpoint_of, text_gguf_
             return model(**inputs).logits[0, -1].numpy(), inputs["input_ids"].shape[1]
 
     def ours(picture: Image.Image) -> tuple[np.ndarray, int]:
-        inputs = projector.inputs(prompt, [picture])
+        inputs = projector.inputs(prompt, [picture], [])
         ids = projector.prompt_ids(inputs)
         assert projector.evaluate(llm, inputs)[:len(ids)] != [] and llm.n_tokens == len(ids)
         logits = np.ctypeslib.as_array(llm._ctx.get_logits(), shape=(llm.n_vocab(),)).copy()
@@ -188,7 +188,10 @@ def red_chat(model: str, text: str = "hi") -> dict:
      "messages[0].content[0].image_url.url: expected a data URI"),
     ("/v1/chat/completions", {"model": "pic", "messages": [{"role": "user", "content": [
         {"type": "input_audio", "input_audio": {}}]}]},
-     "messages[0].content[0]: expected a text or image_url part"),
+     "messages[0].content[0].input_audio: this model's chat format takes no sound"),
+    ("/v1/chat/completions", {"model": "pic", "messages": [{"role": "user", "content": [
+        {"type": "file", "file": {}}]}]},
+     "messages[0].content[0]: expected a text, image_url or input_audio part"),
     ("/api/chat", {"model": "pic", "messages": [{"role": "user", "content": "hi", "images": ["not base64!"]}]},
      "messages[0].images[0]: not valid base64"),
     ("/api/chat", {"model": "pic", "messages": [{"role": "user", "content": "hi",

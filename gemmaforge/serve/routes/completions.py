@@ -7,12 +7,16 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from gemmaforge.inference.jobs import Delta, Event, Failed, Finished, Job, TokenLogprob
+from gemmaforge.audio import LONGEST_CLIP_SECONDS
+from gemmaforge.errors import UserError
+from gemmaforge.inference.jobs import Delta, Engine, Event, Failed, Finished, Job, TokenLogprob
+from gemmaforge.intake import decode_sound
 from gemmaforge.serve import protocol as p
 from gemmaforge.serve.anthropic_api import AnthropicDialect
 from gemmaforge.serve.ollama_api import OllamaDialect
@@ -41,13 +45,10 @@ async def complete(request: Request, state: AppState, dialect: Dialect, chat: bo
                 await asyncio.to_thread(served.engine.compile_grammar, completion.grammar)
             except ValueError as e:
                 raise bad(f"format / response_format: this JSON schema cannot be enforced: {e}") from None
-        images = None
-        if completion.images:  # the image processor's work, off the event loop
-            try:
-                ids, images = await asyncio.to_thread(served.engine.encode_media, completion.prompt,
-                                                      list(completion.images))
-            except ValueError as e:
-                raise p.bad(f"images: {served.name}: {e}") from None
+        media = None
+        if completion.images or completion.sounds:  # the processors' work, off the event loop
+            ids, media = await asyncio.to_thread(encode_media, served.engine, served.name, completion.prompt,
+                                                 completion.images, completion.sounds)
         else:
             ids = served.engine.encode(completion.prompt)
         params = p.sampling_params(completion, state.limits, len(ids), registry.num_ctx)
@@ -56,12 +57,30 @@ async def complete(request: Request, state: AppState, dialect: Dialect, chat: bo
         registry.keep(served.name)
         raise
     stream = state.events(served, Job(ids, params, served.adapter, asyncio.get_running_loop(), completion.stream,
-                                      images), request)
+                                      media), request)
     if completion.stream:
         first = await first_event(stream)  # a full queue is still a plain 503, before the stream starts
         return StreamingResponse(dialect.stream(completion, prepend(first, stream)), media_type=dialect.media_type)
     text, end, logprobs = await collect(stream)
     return JSONResponse(dialect.whole(completion, text, end, logprobs))
+
+
+def encode_media(engine: Engine, name: str, prompt: str, images: Sequence[Any],
+                 sounds: Sequence[tuple[str, bytes]] = ()) -> tuple[list[int], dict[str, Any]]:
+    """The prompt's ids and its media inputs (Job.media): its clips decoded at the engine's rate by the intake
+    every clip goes through (`sounds`: each clip's file and where the request held it). A 400 naming the field when
+    the model takes no pictures or no sound, or a clip does not decode."""
+    field = "images" if images and engine.vision is None or not sounds else "input_audio"
+    if sounds and engine.audio_rate is None:
+        raise bad(f"input_audio: {name}: {getattr(engine, 'no_audio', 'the model takes no sound')}")
+    try:
+        clips = [decode_sound(data, where, engine.audio_rate, LONGEST_CLIP_SECONDS)
+                 for where, data in sounds] if engine.audio_rate else []
+        return engine.encode_media(prompt, list(images), clips)
+    except UserError as e:
+        raise bad(str(e)) from None
+    except ValueError as e:
+        raise bad(f"{field}: {name}: {e}") from None
 
 
 # each completion route: the dialect that reads and answers it, and whether it is a chat
@@ -90,10 +109,8 @@ async def anthropic_count_tokens(request: Request, state: State) -> dict[str, in
         prompt, images, _tools = await asyncio.to_thread(ANTHROPIC.prompt, data, served)
         if not images:
             return {"input_tokens": len(served.engine.encode(prompt))}
-        try:  # a model without vision refuses them here, as it does a completion's
-            ids, _inputs = await asyncio.to_thread(served.engine.encode_media, prompt, list(images))
-        except ValueError as e:
-            raise bad(f"images: {served.name}: {e}") from None
+        # a model without vision refuses them here, as it does a completion's
+        ids, _inputs = await asyncio.to_thread(encode_media, served.engine, served.name, prompt, images)
         return {"input_tokens": len(ids)}
     finally:
         state.registry.keep(served.name)

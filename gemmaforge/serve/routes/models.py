@@ -56,7 +56,8 @@ async def show(request: Request, state: State) -> dict[str, Any]:
             "details": served.details, "model_info": {"general.architecture": served.family.gguf_arch},
             "capabilities": ["completion", *(["tools"] if served.tools else []),
                              *(["thinking"] if served.family.chat.thinking else []),
-                             *(["vision"] if served.engine.vision else [])],
+                             *(["vision"] if served.engine.vision else []),
+                             *(["audio"] if served.engine.audio_rate else [])],
             "modified_at": served.modified_at}
 
 
