@@ -144,6 +144,14 @@ class LoraSection(Section):
         True, description="keep the projector from the vision tower into the text embeddings (LLaMA-Factory's key); "
         "false: train it in full, saved with the adapter",
     )
+    freeze_audio_tower: bool = Field(
+        True, description="keep the audio tower as it is (Gemma 4 E2B/E4B); false: LoRA on its linear layers too, "
+        "with the same r and alpha (sound unlike the tower's pretraining: a machine's noises, a rare accent)",
+    )
+    freeze_audio_projector: bool = Field(
+        True, description="keep the projector from the audio tower into the text embeddings; false: train it in "
+        "full, saved with the adapter",
+    )
     train_template_tokens: bool = Field(
         True,
         description="also train the embedding rows of the chat markers (<start_of_turn>, <end_of_turn>): base "

@@ -33,6 +33,10 @@ class Architecture:
     # transformers' sequence classifier over the same modules plus a `score` head: what a reward model (train.method
     # rm) is merged into; None where transformers has none (Gemma 4)
     sequence_classifier: str | None = None
+    # the sound path (E2B, E4B: a checkpoint whose config has no audio_config has neither module), which training may
+    # adapt (lora.freeze_audio_tower / lora.freeze_audio_projector)
+    audio_tower: str | None = None
+    audio_projector: str | None = None
 
 
 ARCHITECTURES: dict[str, Architecture] = {
@@ -52,7 +56,8 @@ ARCHITECTURES: dict[str, Architecture] = {
         # modeling_gemma4.py: Gemma4Model holds vision_tower, audio_tower, embed_vision, embed_audio, language_model
         Architecture("Gemma4ForConditionalGeneration", "Gemma 4 (E2B, E4B, 26B-A4B, 31B)", "model.language_model",
                      ("model.vision_tower", "model.audio_tower", "model.embed_vision", "model.embed_audio"),
-                     "model.vision_tower", "model.embed_vision"),
+                     "model.vision_tower", "model.embed_vision", audio_tower="model.audio_tower",
+                     audio_projector="model.embed_audio"),
         # modeling_gemma4_unified.py: Gemma4UnifiedModel holds language_model, embed_vision (the encoder-free vision
         # input: patch LayerNorms, patch Linear, position embedding, projection) and embed_audio (RMSNorm -> Linear
         # over raw waveform frames); no vision or audio tower. Its text model (gemma4_unified_text) is Gemma 4's.

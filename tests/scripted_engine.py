@@ -19,6 +19,7 @@ class ScriptedEngine:
     kind = "transformers"
     device = "cpu"
     vision = None
+    audio_rate = None  # a scripted model hears nothing
 
     def __init__(self, tokenizer: Any, family: Family):
         self.tokenizer, self.family = tokenizer, family

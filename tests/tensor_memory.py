@@ -62,3 +62,22 @@ class Fp32Matmuls(TorchDispatchMode):
             widened = [a.float() if isinstance(a, torch.Tensor) else a for a in args]
             return func(*widened, **kwargs).to(torch.bfloat16)
         return func(*args, **kwargs)
+
+
+def saved_bytes(model, batch: dict) -> int:
+    """What autograd keeps in one training forward (distinct storages, parameters not counted)."""
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    seen: dict[int, int] = {}
+    held: list = []
+
+    def keep(tensor):
+        storage = tensor.untyped_storage()
+        if storage.data_ptr() not in params:
+            seen.setdefault(storage.data_ptr(), storage.nbytes())
+        held.append(tensor)
+        return len(held) - 1
+
+    with torch.autograd.graph.saved_tensors_hooks(keep, held.__getitem__):
+        model(**batch)
+    held.clear()
+    return sum(seen.values())

@@ -12,6 +12,7 @@ from gemmaforge.config import RunConfig, load_config
 from gemmaforge.console import console
 from gemmaforge.distributed import init_if_launched
 from gemmaforge.runs import RunDir
+from gemmaforge.train.memory_plan import NO_MEDIA, MediaLoad
 from gemmaforge.train.sharding import STRATEGIES, check_strategy, planned_as
 
 PLAN_EPILOG = """The plan counts weights, trainable parameters with AdamW's state, the activations autograd keeps
@@ -77,12 +78,15 @@ def train(args: argparse.Namespace, home: Path) -> int:
     return 0
 
 
-def pictures_per_example(config: RunConfig) -> int:
-    """The most pictures one conversation of the run's prepared data holds (0 before the data stage ran)."""
+def media_per_example(config: RunConfig) -> MediaLoad:
+    """The most pictures, and the most audio tokens, one conversation of the run's prepared data holds (none before
+    the data stage ran)."""
     stats = Path(config.output_dir) / "data" / "stats.json"
     if not stats.is_file():
-        return 0
-    return int(json.loads(stats.read_text(encoding="utf-8")).get("images", {}).get("most_in_one", 0))
+        return NO_MEDIA
+    found = json.loads(stats.read_text(encoding="utf-8"))
+    return MediaLoad(int(found.get("images", {}).get("most_in_one", 0)),
+                     int(found.get("audios", {}).get("most_tokens_in_one", 0)))
 
 
 def plan(args: argparse.Namespace, home: Path) -> int:
@@ -95,6 +99,6 @@ def plan(args: argparse.Namespace, home: Path) -> int:
     gpu_memory = parse_binary_size(args.gpu_memory) if args.gpu_memory is not None else None
     strategy = args.strategy or planned_as(check_strategy())
     planned = plan_config(config, resolve_model(config.model.name_or_path, home, config.model.revision), gpu_memory,
-                          args.nproc, strategy, pictures_per_example(config))
+                          args.nproc, strategy, media_per_example(config))
     print(plan_json(planned) if args.json else plan_summary(planned))
     return 0 if planned.fits else 1

@@ -16,8 +16,10 @@ def require_plain_lora(config: dict[str, Any], adapter_dir: Path, *, dora: str, 
     if config.get("target_parameters"):
         raise UserError(f"{adapter_dir} adapts expert weights ({', '.join(config['target_parameters'])}){other}: "
                         f"{instead}")
-    if "vision_tower" in str(config.get("target_modules") or ""):
-        raise UserError(f"{adapter_dir} adapts the vision tower (lora.freeze_vision_tower: false){other}: {instead}")
+    for tower in ("vision", "audio"):
+        if f"{tower}_tower" in str(config.get("target_modules") or ""):
+            raise UserError(f"{adapter_dir} adapts the {tower} tower (lora.freeze_{tower}_tower: false){other}: "
+                            f"{instead}")
     if config.get("modules_to_save"):
         raise UserError(f"{adapter_dir} trains whole modules ({', '.join(config['modules_to_save'])}){other}: "
                         f"{instead}")

@@ -19,6 +19,7 @@ from gemmaforge.recipe.method import Datasets, Method
 from gemmaforge.runs import RunDir
 from gemmaforge.senses import Senses
 from gemmaforge.train.collate import RightPadCollator
+from gemmaforge.train.memory_plan import NO_MEDIA
 from gemmaforge.train.preference import PreferenceSettings, PreferenceTrainer
 
 
@@ -84,7 +85,7 @@ def preference_datasets(config: RunConfig, train: list[Any], val: list[Any], dro
                   + (f", pref_ftx {t.pref_ftx}" if t.pref_ftx else "") + ")"))
     settings = PreferenceSettings(t.pref_loss, t.pref_beta, t.pref_ftx, t.simpo_gamma, t.kto_chosen_weight,
                                   t.kto_rejected_weight)
-    return Datasets(train, val, collator, examples=len(train), dropped=dropped, max_images=0, config=config,
+    return Datasets(train, val, collator, examples=len(train), dropped=dropped, media=NO_MEDIA, config=config,
                     trainer_options={"settings": settings})
 
 

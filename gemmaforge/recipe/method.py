@@ -16,6 +16,7 @@ from gemmaforge.config import RunConfig
 from gemmaforge.models import ResolvedModel
 from gemmaforge.runs import RunDir
 from gemmaforge.senses import Senses
+from gemmaforge.train.memory_plan import MediaLoad
 
 
 @dataclass(frozen=True)
@@ -25,7 +26,7 @@ class Datasets:
     collator: Any  # rows -> a batch the method's Trainer takes
     examples: int  # training examples kept
     dropped: int  # training examples dropped (the method said why)
-    max_images: int  # the most pictures one training example holds (the memory plan prices them)
+    media: MediaLoad  # the most pictures and audio tokens one training example holds (the memory plan prices them)
     config: RunConfig  # the configuration to train with (the method may turn off what its data cannot use)
     trainer_options: dict[str, Any] = field(default_factory=dict)  # keyword arguments of the method's Trainer
 

@@ -17,6 +17,7 @@ from gemmaforge.runs import RunDir
 from gemmaforge.senses import Senses
 from gemmaforge.train.collate import RightPadCollator
 from gemmaforge.train.loss import SupervisedLossTrainer
+from gemmaforge.train.memory_plan import NO_MEDIA
 from gemmaforge.train.packing import PackedCollator, pack_examples
 
 MIN_PIECE = 2  # a piece of one token predicts nothing
@@ -50,7 +51,7 @@ def pt_datasets(run: RunDir, config: RunConfig, tokenizer: Any, base: ResolvedMo
         train_set, val_set, collator = train_rows, val_rows, RightPadCollator(tokenizer.pad_token_id)
     console.print(f"[bold]train[/]: {len(splits['train'])} texts in {len(train_rows)} pieces of <= {cutoff} tokens"
                   + (f", packed into {len(train_set)} rows" if config.train.packing else ""))
-    return Datasets(train_set, val_set, collator, examples=len(train_rows), dropped=0, max_images=0, config=config)
+    return Datasets(train_set, val_set, collator, examples=len(train_rows), dropped=0, media=NO_MEDIA, config=config)
 
 
 PT = Method("pt", pt_datasets, SupervisedLossTrainer)

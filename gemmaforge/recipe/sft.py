@@ -15,6 +15,7 @@ from gemmaforge.runs import RunDir
 from gemmaforge.senses import Senses
 from gemmaforge.train.collate import MediaBatches, RightPadCollator, tokenize_conversations
 from gemmaforge.train.loss import SupervisedLossTrainer
+from gemmaforge.train.memory_plan import MediaLoad
 from gemmaforge.train.packing import PackedCollator, pack_examples
 
 
@@ -55,7 +56,14 @@ def sft_datasets(run: RunDir, config: RunConfig, tokenizer: Any, base: ResolvedM
         if with_media:  # data with media was refused for a model without their tower
             collator = MediaBatches(collator, senses)
     return Datasets(train_set, val_set, collator, examples=len(train_rows), dropped=dropped,
-                    max_images=max((len(row.get("images", ())) for row in train_rows), default=0), config=config)
+                    media=media_load(train_rows, senses, tokenizer), config=config)
 
 
 SFT = Method("sft", sft_datasets, SupervisedLossTrainer)
+
+
+def media_load(rows: list[dict[str, Any]], senses: Senses, tokenizer: Any) -> MediaLoad:
+    """The most pictures, and the most audio tokens, one encoded training example holds."""
+    audio = senses.audio.audio_token_id if senses.audio else None
+    return MediaLoad(max((len(row.get("images", ())) for row in rows), default=0),
+                     max((row["input_ids"].count(audio) for row in rows if "audios" in row), default=0))

@@ -40,7 +40,15 @@ from gemmaforge.train.checkpoints import (
 )
 from gemmaforge.train.kernel_choice import KernelChoice, choose_kernels
 from gemmaforge.train.loss import NonFiniteLoss
-from gemmaforge.train.memory_plan import Plan, Planner, plan_summary, resolved_plan, this_device
+from gemmaforge.train.memory_plan import (
+    NO_MEDIA,
+    MediaLoad,
+    Plan,
+    Planner,
+    plan_summary,
+    resolved_plan,
+    this_device,
+)
 from gemmaforge.train.packed_attention import use_kernels
 from gemmaforge.train.preflight import preflight
 from gemmaforge.train.sharding import (
@@ -145,7 +153,7 @@ def train(run: RunDir, config: RunConfig, base: ResolvedModel) -> dict[str, Any]
     data = method.datasets(run, config, tokenizer, base, senses)
     config = data.config
     reset_peak_memory()  # the plan counts from here (what this process holds now), so does the measured peak
-    plan, config = check_memory(config, base, precision, sharding, data.max_images)
+    plan, config = check_memory(config, base, precision, sharding, data.media)
     model = build_peft_model(config, base, tokenizer, precision)
     kernels = None
     if config.train.packing:
@@ -290,7 +298,7 @@ def slow_steps(clock: StepClock, padding_share: float, config: RunConfig, base: 
 
 
 def check_memory(config: RunConfig, base: ResolvedModel, precision: str, sharding: str,
-                 pictures_per_example: int = 0) -> tuple[Plan | None, RunConfig]:
+                 media: MediaLoad = NO_MEDIA) -> tuple[Plan | None, RunConfig]:
     """The memory plan for one rank on this device, and the config to train: a config that cannot fit is refused
     before the model loads, unless gradient checkpointing, left to auto (null), makes it fit (then it is turned on,
     and said); the config returned has it on or off. With train.check_memory=false a planner that fails only costs
@@ -298,8 +306,7 @@ def check_memory(config: RunConfig, base: ResolvedModel, precision: str, shardin
     config = config.model_copy(deep=True)
     auto = config.train.gradient_checkpointing is None
     try:
-        planner = Planner(config, base, precision, this_device(), world_size(), planned_as(sharding),
-                          pictures_per_example)
+        planner = Planner(config, base, precision, this_device(), world_size(), planned_as(sharding), media)
         plan = resolved_plan(planner)
     except Exception as exc:  # re-raised unless the user asked to train regardless of the plan
         if config.train.check_memory:

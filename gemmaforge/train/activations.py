@@ -197,8 +197,9 @@ def _probe_model(probe_config: Any, family: Family, config: RunConfig, dtype: An
     probe_run = config.model_copy(deep=True)
     probe_run.model.load_in_4bit = False  # the probe runs on the CPU; NF4 weights keep the same activations
     probe_run.lora.modules_to_save = None  # full-vocabulary modules: counted with the weights, not here
-    # the probe is the text model alone: an adapted vision tower or projector is not in it
+    # the probe is the text model alone: an adapted tower or projector is not in it
     probe_run.lora.freeze_vision_tower = probe_run.lora.freeze_multi_modal_projector = True
+    probe_run.lora.freeze_audio_tower = probe_run.lora.freeze_audio_projector = True
     with uninitialised_weights():
         model = AutoModelForCausalLM.from_config(probe_config, dtype=dtype,
                                                  attn_implementation=family.attn_implementation)

@@ -1,5 +1,5 @@
-"""Which modules LoRA wraps: the language model's linear layers, never an audio tower or a MoE router, and the
-vision tower and projector only when training is told to adapt them (`with_vision`).
+"""Which modules LoRA wraps: the language model's linear layers, never a MoE router, and a vision or audio tower and
+its projector only when training is told to adapt them (`with_towers`).
 
 PEFT matches plain names (`q_proj`) anywhere in the model, so on a multimodal checkpoint they also hit
 the vision and audio towers (Gemma 4's towers use `Gemma4ClippableLinear`, which PEFT refuses with a
@@ -60,28 +60,43 @@ def resolve_lora_targets(model: Any, requested: list[str] | str,
     return rf"{re.escape(prefix)}\.(?:.*\.)?(?:{alternatives})"
 
 
-def with_vision(model: Any, targets: list[str] | str, *, tower: bool, projector: bool) -> tuple[list[str] | str,
-                                                                                          list[str]]:
-    """The LoRA targets widened to the vision tower's linear layers when `tower` (its frozen default lifted), and the
-    projector's module path when `projector`, to be trained in full (PEFT's modules_to_save). A checkpoint without
-    that part is a UserError naming the config key."""
-    if not (tower or projector):
+# (config key, Architecture attribute, what it is): the tower and projector parts training may adapt
+_TOWERS = (("freeze_vision_tower", "vision_tower", "vision tower"),
+           ("freeze_audio_tower", "audio_tower", "audio tower"))
+_PROJECTORS = (("freeze_multi_modal_projector", "vision_projector", "vision projector"),
+               ("freeze_audio_projector", "audio_projector", "audio projector"))
+
+
+def adapted_parts(lora: Any) -> set[str]:
+    """The `lora.freeze_*` keys of the tower and projector parts a run adapts (set to false)."""
+    return {key for key, _, _ in (*_TOWERS, *_PROJECTORS) if not getattr(lora, key)}
+
+
+def with_towers(model: Any, targets: list[str] | str, adapted: set[str]) -> tuple[list[str] | str, list[str]]:
+    """The LoRA targets widened to the linear layers of each tower whose `lora.freeze_*` key is in `adapted` (its
+    frozen default lifted), and the module paths of the projectors so named, to be trained in full (PEFT's
+    modules_to_save). A checkpoint without that part is a UserError naming the config key."""
+    if not adapted:
         return targets, []
     name = type(model).__name__
     architecture = ARCHITECTURES.get(name)
-    for wanted, key, part in ((tower, "freeze_vision_tower", "vision_tower"),
-                              (projector, "freeze_multi_modal_projector", "vision_projector")):
-        if wanted and (architecture is None or getattr(architecture, part) is None):
-            raise UserError(f"lora.{key}: false, but {name} has no {part.replace('_', ' ')}")
-    assert architecture is not None
-    saved = [architecture.vision_projector] if projector and architecture.vision_projector else []  # checked above
-    if not tower:
+    modules = dict(model.named_modules())
+    paths: dict[str, str] = {}
+    for key, part, what in (*_TOWERS, *_PROJECTORS):
+        if key in adapted:
+            path = getattr(architecture, part) if architecture else None
+            if path is None or path not in modules:
+                raise UserError(f"lora.{key}: false, but {name} has no {what}")
+            paths[key] = path
+    saved = [paths[key] for key, _, _ in _PROJECTORS if key in paths]
+    towers = [paths[key] for key, _, _ in _TOWERS if key in paths]
+    if not towers:
         return targets, saved
     prefix, _ = language_linears(model)
     language = targets if isinstance(targets, str) else \
         rf"{re.escape(prefix)}\.(?:.*\.)?(?:{'|'.join(re.escape(n) for n in targets)})"
-    tower_linears = [name for name, module in model.named_modules()
-                     if name.startswith(f"{architecture.vision_tower}.") and isinstance(module, nn.Linear)]
+    tower_linears = [name for name, module in modules.items()
+                     if any(name.startswith(f"{tower}.") for tower in towers) and isinstance(module, nn.Linear)]
     pattern = f"(?:{language})|(?:{'|'.join(re.escape(name) for name in tower_linears)})"
     return pattern, saved
 

@@ -42,7 +42,12 @@ from gemmaforge.system.memory import available_ram, resident_bytes
 from gemmaforge.train.activations import ActivationProfile, profile_activations, text_config
 from gemmaforge.train.precision import resolve_precision
 from gemmaforge.train.sharding import STRATEGIES
-from gemmaforge.train.vision_activations import bytes_per_picture, image_path_trains
+from gemmaforge.train.tower_activations import (
+    audio_path_trains,
+    bytes_per_audio_token,
+    bytes_per_picture,
+    image_path_trains,
+)
 from gemmaforge.units import gib
 
 ADAMW_BYTES_PER_PARAM = 16  # fp32 value, gradient, two moments
@@ -111,11 +116,22 @@ class Plan:
         }
 
 
+@dataclass(frozen=True)
+class MediaLoad:
+    """The most of each medium one training example holds: what an adapted tower keeps is priced for them."""
+
+    pictures: int = 0
+    audio_tokens: int = 0
+
+
+NO_MEDIA = MediaLoad()
+
+
 class Planner:
     """Counts once per model and config, then prices any batch size and cutoff_len."""
 
     def __init__(self, config: RunConfig, base: ResolvedModel, precision: str, device: Device, ranks: int = 1,
-                 strategy: str = "ddp", pictures_per_example: int = 0):
+                 strategy: str = "ddp", media: MediaLoad = NO_MEDIA):
         import torch
         from transformers import AutoConfig
 
@@ -130,10 +146,14 @@ class Planner:
         self.counts = count_model(model_config, base, config, self.dtype)
         self.logit_bytes = logit_bytes(model_config, self.dtype)
         self.profile: ActivationProfile = profile_activations(model_config, base.family, config, self.dtype)
-        # an adapted tower or projector keeps each picture's activations; a frozen one nothing (vision_activations)
-        self.pictures = pictures_per_example if "vision" in base.spec.towers else 0
+        # an adapted tower or projector keeps each picture's and each audio token's activations; a frozen one nothing
+        # (tower_activations)
+        self.pictures = media.pictures if "vision" in base.spec.towers else 0
         self.picture_bytes = bytes_per_picture(model_config, base.path, base.family, config, self.dtype) \
             if self.pictures and image_path_trains(config) else 0.0
+        self.audio_tokens = media.audio_tokens if "audio" in base.spec.towers else 0
+        self.audio_token_bytes = bytes_per_audio_token(model_config, base.path, base.family, config, self.dtype) \
+            if self.audio_tokens and audio_path_trains(config) else 0.0
         if device.kind == "cpu":  # the probe's memory stays in this process's heap, under the model that loads next
             self.device = replace(device, runtime_bytes=max(device.runtime_bytes, resident_bytes()))
 
@@ -152,6 +172,8 @@ class Planner:
         }
         if self.picture_bytes:
             parts["vision"] = round(batch * self.pictures * self.picture_bytes)
+        if self.audio_token_bytes:
+            parts["audio"] = round(batch * self.audio_tokens * self.audio_token_bytes)
         if self.device.kind == "cpu":
             share = CPU_HEAP_SHARE[self.config.train.packing, checkpointing]
             parts["cpu heap"] = round(share * self.profile.total(tokens, cutoff, checkpointing=False))
@@ -339,15 +361,14 @@ def resolved_plan(planner: Planner) -> Plan:
 
 
 def plan_config(config: RunConfig, base: ResolvedModel, gpu_memory: int | None = None, ranks: int = 1,
-                strategy: str = "ddp", pictures_per_example: int = 0) -> Plan:
+                strategy: str = "ddp", media: MediaLoad = NO_MEDIA) -> Plan:
     """`gemmaforge plan`'s plan: this device's, or a GPU of gpu_memory bytes (where precision auto means bf16,
     which every GPU gemmaforge targets has but RDNA1/2), for one of `ranks` processes under `strategy`, with up to
-    `pictures_per_example` pictures in each example."""
+    `media` in each example."""
     requested = config.train.precision
     precision = "bf16" if gpu_memory is not None and requested == "auto" else resolve_precision(requested, base.family)
     load_tokenizer(base.path)  # resident as it will be in training, for the CPU's runtime part
-    return resolved_plan(Planner(config, base, precision, this_device(gpu_memory), ranks, strategy,
-                                 pictures_per_example))
+    return resolved_plan(Planner(config, base, precision, this_device(gpu_memory), ranks, strategy, media))
 
 
 def plan_summary(plan: Plan) -> str:

@@ -12,7 +12,7 @@ from gemmaforge.models import ResolvedModel, load_causal_lm, text_attention
 from gemmaforge.train import packed_attention
 from gemmaforge.train.dropout import use_byte_mask_dropout
 from gemmaforge.train.geglu import use_recomputed_gelu
-from gemmaforge.train.lora_targets import resolve_lora_parameters, resolve_lora_targets, with_vision
+from gemmaforge.train.lora_targets import adapted_parts, resolve_lora_parameters, resolve_lora_targets, with_towers
 from gemmaforge.train.reward_head import REWARD_HEAD, attach_reward_head
 from gemmaforge.train.sharding import strategy
 from gemmaforge.train.template_tokens import use_sparse_template_tokens
@@ -47,8 +47,7 @@ def wrap_for_training(model: Any, config: RunConfig, family: Family, targets: li
         multimodal = model.config.get_text_config() is not model.config
         model.set_attn_implementation(text_attention(multimodal, packed_attention.register()))
     targets = resolve_lora_targets(model, targets)  # the language model only, never a tower or router
-    targets, projector = with_vision(model, targets, tower=not config.lora.freeze_vision_tower,
-                                     projector=not config.lora.freeze_multi_modal_projector)
+    targets, projector = with_towers(model, targets, adapted_parts(config.lora))
     parameters = (resolve_lora_parameters(model, config.lora.target_parameters) if config.lora.target_parameters
                   else None)
     trained_whole = (config.lora.modules_to_save or []) + projector

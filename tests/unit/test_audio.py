@@ -6,7 +6,6 @@ audiofolder prepared; bad clips refused naming the record; the frozen audio towe
 from __future__ import annotations
 
 import base64
-import io
 import json
 from pathlib import Path
 from unittest import mock
@@ -21,24 +20,9 @@ from gemmaforge.errors import UserError
 from gemmaforge.intake import decode_sound
 from gemmaforge.model_spec import read_spec
 from gemmaforge.models import load_tokenizer
+from tests.audio_helpers import RATE, encoded, tone
 
-RATE = 16_000
 PROMPT = "<bos><|turn>user\n<|audio|>What is it? And this:<|audio|><turn|>\n<|turn>model\n"
-
-
-def tone(seconds: float, hz: float = 440.0, rate: int = RATE, channels: int = 1, loudness: float = 0.3) -> np.ndarray:
-    t = np.arange(int(seconds * rate)) / rate
-    wave = (loudness * np.sin(2 * np.pi * hz * t)).astype(np.float32)
-    return np.stack([wave] * channels, axis=1) if channels > 1 else wave
-
-
-def encoded(samples: np.ndarray, rate: int = RATE, fmt: str = "WAV") -> bytes:
-    import soundfile
-
-    out = io.BytesIO()
-    soundfile.write(out, samples, rate, format=fmt)
-    return out.getvalue()
-
 
 def official_processor(folder: Path):
     """Gemma4Processor with the checkpoint's feature extractor (its video processor needs torchvision, absent here:

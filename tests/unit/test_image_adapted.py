@@ -47,7 +47,7 @@ def test_adapted_tower_and_projector_reach_the_merged_model_and_projector_gguf(k
     run = tmp_path / "run"
     assert main(["train", str(config)]) == 0
     # train.packing (on by default) is set aside for data with pictures, and the run says so
-    assert "8 examples hold images: padded batches" in capsys.readouterr().err
+    assert "8 examples hold images or sound: padded batches" in capsys.readouterr().err
     adapter = json.loads((run / "adapter" / "adapter_config.json").read_text())
     family = kind.split("-")[0]
     projector = PROJECTOR[family]

@@ -19,6 +19,7 @@ from gemmaforge.train.collate import MediaBatches, RightPadCollator, tokenize_co
 from gemmaforge.vision import ImagePrompt
 from tests.helpers import run_config
 from tests.image_helpers import KINDS, QUESTION, picture
+from tests.tensor_memory import saved_bytes
 
 
 def examples(kind: str, checkpoint_of, tmp_path: Path, train_on_prompt: bool = False):
@@ -130,25 +131,6 @@ def test_val_loss_is_scored_with_the_pictures(checkpoint_of, tmp_path: Path) -> 
     assert own is not None and own != pytest.approx(mean_loss(model, others, tokenizer.pad_token_id, 2, Senses(vision)))
 
 
-def saved_bytes(model, batch: dict) -> int:
-    """What autograd keeps in one training forward (distinct storages, parameters not counted)."""
-    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
-    seen: dict[int, int] = {}
-    held: list = []
-
-    def keep(tensor):
-        storage = tensor.untyped_storage()
-        if storage.data_ptr() not in params:
-            seen.setdefault(storage.data_ptr(), storage.nbytes())
-        held.append(tensor)
-        return len(held) - 1
-
-    with torch.autograd.graph.saved_tensors_hooks(keep, held.__getitem__):
-        model(**batch)
-    held.clear()
-    return sum(seen.values())
-
-
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.slow
 def test_planner_prices_what_an_adapted_tower_keeps_per_picture(kind: str, checkpoint_of, tmp_path: Path) -> None:
@@ -158,7 +140,7 @@ def test_planner_prices_what_an_adapted_tower_keeps_per_picture(kind: str, check
     from transformers import AutoConfig
 
     from gemmaforge.models import resolve_model
-    from gemmaforge.train.vision_activations import LARGEST_PICTURE, bytes_per_picture
+    from gemmaforge.train.tower_activations import LARGEST_PICTURE, bytes_per_picture
     from gemmaforge.train.wrapping import build_peft_model
 
     model_dir = checkpoint_of(kind)
