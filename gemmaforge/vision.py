@@ -5,9 +5,11 @@ official chat template writes for an image part); `ImagePrompt.expand` turns eac
 soft tokens and computes the model's image inputs with the checkpoint's image processor:
 - Gemma 3 (Gemma3Processor): `<start_of_image>` -> "\\n\\n<start_of_image>" + image_seq_length x
   `<image_soft_token>` + "<end_of_image>\\n\\n"; `token_type_ids` 1 on the soft tokens (attended bidirectionally).
-- Gemma 4 (Gemma4Processor): `<|image|>` -> `<|image>` + n x `<|image|>` + `<image|>`, n the image's own soft-token
-  count (its aspect ratio and max_soft_tokens); `mm_token_type_ids` 1 on the soft tokens.
-Only the image processor is loaded (Gemma 4's full processor also needs torchvision for video).
+- Gemma 4 (Gemma4Processor) and Gemma 4 12B Unified (Gemma4UnifiedProcessor): `<|image|>` -> `<|image>` + n x
+  `<|image|>` + `<image|>`, n the image's own soft-token count (its aspect ratio and max_soft_tokens);
+  `mm_token_type_ids` 1 on the soft tokens.
+Only the image processor is loaded (Gemma 4's full processor also needs torchvision for video); Unified's, which
+has only a torchvision backend, is computed by gemmaforge/vision_unified.py.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from typing import Any
 
 from gemmaforge.media import IMAGE, check_placeholders, expand_placeholders
 from gemmaforge.model_spec import ModelSpec
+from gemmaforge.vision_unified import UnifiedImageProcessor
 
 
 @dataclass(frozen=True)
@@ -28,9 +31,10 @@ class _Expansion:
     settings: tuple[tuple[str, Any], ...] = ()  # what the full processor passes its image processor
 
 
-_EXPANSIONS = {  # by architecture: Gemma 4 12B Unified (its own processor, torchvision only) is not here yet
+_EXPANSIONS = {  # by architecture
     "Gemma3ForConditionalGeneration": _Expansion("token_type_ids", None, (("do_pan_and_scan", False),)),
     "Gemma4ForConditionalGeneration": _Expansion("mm_token_type_ids", "num_soft_tokens_per_image"),
+    "Gemma4UnifiedForConditionalGeneration": _Expansion("mm_token_type_ids", "num_soft_tokens_per_image"),
 }
 
 
@@ -54,7 +58,9 @@ class ImagePrompt:
         from transformers import AutoImageProcessor
 
         try:
-            processor = AutoImageProcessor.from_pretrained(model_dir)
+            processor = UnifiedImageProcessor.load(model_dir) \
+                if spec.architecture.name == "Gemma4UnifiedForConditionalGeneration" \
+                else AutoImageProcessor.from_pretrained(model_dir)
         except (ImportError, OSError, ValueError) as e:
             raise ValueError(f"its image processor does not load here: {e}") from None
         settings = model_dir / "processor_config.json"

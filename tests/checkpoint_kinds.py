@@ -569,33 +569,3 @@ def build_checkpoint(kind: str, target: Path, tokenizer_dir: Path, seed: int = 0
     else:
         _gemma4_processor_files(kind, target)
     return target
-
-
-def unified_image_inputs(image: Any, merged: Path) -> dict[str, Any]:
-    """What Gemma4UnifiedImageProcessor makes of `image` with the merged folder's processor settings, built by hand:
-    that processor has only a torchvision backend, and torchvision is not installed here. As its _preprocess:
-    resize keeping the aspect ratio to at most max_soft_tokens model patches of (patch_size x pooling_kernel_size)
-    pixels a side (PIL bicubic here, torchvision's there), rescale to [0, 1] (no normalization), cut into model
-    patches row by row, each flattened in HWC order (what its 16 px patches merged 3 x 3 give), with (x, y)
-    positions, padded to max_soft_tokens with zero patches at (-1, -1)."""
-    import math
-
-    import numpy as np
-    import torch
-
-    settings = json.loads((merged / "processor_config.json").read_text())["image_processor"]
-    patch, pool, max_soft = settings["patch_size"], settings["pooling_kernel_size"], settings["max_soft_tokens"]
-    side = patch * pool
-    factor = math.sqrt(max_soft * pool**2 * patch**2 / (image.height * image.width))
-    height = math.floor(factor * image.height / side) * side
-    width = math.floor(factor * image.width / side) * side
-    pixels = np.asarray(image.convert("RGB").resize((width, height), resample=settings["resample"]), dtype=np.float32)
-    pixels = pixels * settings["rescale_factor"]
-    rows, cols = height // side, width // side
-    patches = pixels.reshape(rows, side, cols, side, 3).transpose(0, 2, 1, 3, 4).reshape(rows * cols, side * side * 3)
-    positions = np.array([(x, y) for y in range(rows) for x in range(cols)])
-    pixel_values = np.zeros((1, max_soft, side * side * 3), dtype=np.float32)
-    position_ids = np.full((1, max_soft, 2), -1, dtype=np.int64)
-    pixel_values[0, :rows * cols], position_ids[0, :rows * cols] = patches, positions
-    return {"pixel_values": torch.from_numpy(pixel_values), "image_position_ids": torch.from_numpy(position_ids),
-            "num_soft_tokens_per_image": torch.tensor([rows * cols])}

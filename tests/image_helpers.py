@@ -9,7 +9,8 @@ import numpy as np
 import torch
 from PIL import Image
 
-KINDS = ["gemma3-mm", "gemma4-e2b", "gemma4-moe", "gemma4-dense"]
+KINDS = ["gemma3-mm", "gemma4-e2b", "gemma4-moe", "gemma4-dense", "gemma4-unified"]
+TOWER_KINDS = KINDS[:4]  # with a vision tower to adapt (Unified's pictures enter through a projection alone)
 COLOURS = {"red": (220, 30, 30), "green": (30, 200, 40), "blue": (30, 40, 220)}
 QUESTION = "Which colour is this picture?"
 FINAL_NORMS = ("language_model.norm.weight", "language_model.model.norm.weight")  # Gemma 4's, Gemma 3's hub name

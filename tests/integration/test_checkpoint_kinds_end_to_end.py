@@ -16,7 +16,7 @@ from safetensors import safe_open
 from gemmaforge.cli import main
 from gemmaforge.gguf_file import read_gguf
 from gemmaforge.model_spec import read_spec, text_weight_name
-from tests.checkpoint_kinds import unified_image_inputs
+from gemmaforge.vision_unified import UnifiedImageProcessor
 from tests.helpers import reference_answer, write_config
 from tests.llama_cpp_checks import PROMPT, greedy, load, relative_error
 
@@ -41,9 +41,7 @@ def trained(request: pytest.FixtureRequest, checkpoint_of,
     checkpoint = checkpoint_of(kind)
     tmp = tmp_path_factory.mktemp(f"run-{kind}")
     config = write_config(tmp, checkpoint, max_steps=2, save_steps=2)
-    overrides = ["export.gguf=[f16]", "eval.retention=false", "eval.num_samples=2", "eval.max_new_tokens=8"]
-    if kind != "gemma4-unified":  # the others' eval runs in tests/unit/test_image_signature.py
-        overrides.append("eval.enabled=false")
+    overrides = ["export.gguf=[f16]", "eval.enabled=false"]  # eval runs in tests/unit/test_image_signature.py
     if kind == "gemma4-moe":  # expert LoRA beside the default attention LoRA (write_config has no dropout)
         overrides.append("lora.target_parameters=[experts.gate_up_proj,experts.down_proj]")
     assert main(["run", str(config), *overrides]) == 0
@@ -93,8 +91,8 @@ def test_merged_computes_what_base_plus_adapter_computes(trained) -> None:
 
 def test_merged_reloads_and_an_image_still_goes_through(trained) -> None:
     """The merged folder's image processor (PIL backend: Gemma 4's full processor also wants torchvision for
-    video; Gemma 4 Unified's inputs are built by hand, see unified_image_inputs) and model take an image, placed
-    as the processors place it: <boi>, one placeholder per soft token, <eoi>."""
+    video; Gemma 4 Unified's, torchvision only, as gemmaforge/vision_unified.py computes it) and model take an image,
+    placed as the processors place it: <boi>, one placeholder per soft token, <eoi>."""
     from PIL import Image
     from transformers import AutoImageProcessor, AutoModelForImageTextToText
 
@@ -103,7 +101,7 @@ def test_merged_reloads_and_an_image_still_goes_through(trained) -> None:
     spec = read_spec(merged)
     image = Image.fromarray(np.random.default_rng(0).integers(0, 255, (48, 64, 3), dtype=np.uint8))
     if kind == "gemma4-unified":
-        images = unified_image_inputs(image, merged)
+        images = UnifiedImageProcessor.load(merged)(images=[image])
     else:
         images = AutoImageProcessor.from_pretrained(merged, backend="pil")(images=[image], return_tensors="pt")
     config = json.loads((merged / "config.json").read_text())

@@ -95,11 +95,11 @@ def test_gemma4_unified_projector_computes_what_transformers_computes(checkpoint
     from PIL import Image
     from transformers import Gemma4UnifiedForConditionalGeneration
 
-    from tests.checkpoint_kinds import unified_image_inputs
+    from gemmaforge.vision_unified import UnifiedImageProcessor
 
     checkpoint = checkpoint_of("gemma4-unified")
     rgb = np.random.default_rng(0).integers(0, 256, size=(84, 120, 3), dtype=np.uint8)
-    inputs = unified_image_inputs(Image.fromarray(rgb), checkpoint)
+    inputs = UnifiedImageProcessor.load(checkpoint)(images=[Image.fromarray(rgb)])
     assert int(inputs["num_soft_tokens_per_image"][0]) == 70
     model = Gemma4UnifiedForConditionalGeneration.from_pretrained(checkpoint, dtype=torch.float32).eval()
     with torch.no_grad():

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from gemmaforge.cli import main
-from tests.image_helpers import COLOURS, KINDS, QUESTION, picture
+from tests.image_helpers import COLOURS, QUESTION, TOWER_KINDS, picture
 
 TOWER_K = {"gemma3": "vision_tower.vision_model.encoder.layers.0.self_attn.k_proj.weight",
            "gemma4": "model.vision_tower.encoder.layers.0.self_attn.k_proj.linear.weight"}  # hub names, by family
@@ -18,7 +18,7 @@ PROJECTOR = {"gemma3": "model.multi_modal_projector", "gemma4": "model.embed_vis
 
 
 @pytest.mark.integration
-@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("kind", TOWER_KINDS)
 def test_adapted_tower_and_projector_reach_the_merged_model_and_projector_gguf(kind: str, checkpoint_of,
                                                                                 tmp_path: Path, capsys) -> None:
     """lora.freeze_vision_tower / freeze_multi_modal_projector false: LoRA on the tower's linear layers, the
@@ -76,15 +76,19 @@ def test_adapted_tower_and_projector_reach_the_merged_model_and_projector_gguf(k
 
 
 @pytest.mark.slow
-def test_adapting_a_vision_part_of_a_text_model_is_refused(tiny_gemma3_dir: Path, tmp_path: Path, capsys) -> None:
+@pytest.mark.parametrize(("kind", "key", "message"), [
+    ("text", "freeze_multi_modal_projector", "Gemma3ForCausalLM has no vision projector"),
+    ("gemma4-unified", "freeze_vision_tower", "Gemma4UnifiedForConditionalGeneration has no vision tower"),
+])
+def test_adapting_a_vision_part_a_model_lacks_is_refused(kind: str, key: str, message: str, tiny_gemma3_dir: Path,
+                                                         checkpoint_of, tmp_path: Path, capsys) -> None:
     from tests.helpers import write_dataset
 
+    model = tiny_gemma3_dir if kind == "text" else checkpoint_of(kind)
     config = tmp_path / "run.yaml"
     config.write_text(json.dumps({
-        "output_dir": str(tmp_path / "run"), "model": {"name_or_path": str(tiny_gemma3_dir)},
+        "output_dir": str(tmp_path / "run"), "model": {"name_or_path": str(model)},
         "data": {"path": str(write_dataset(tmp_path / "data.json", 8))},
-        "lora": {"freeze_multi_modal_projector": False}, "train": {"max_steps": 1}}))
+        "lora": {key: False}, "train": {"max_steps": 1}}))
     assert main(["train", str(config)]) == 2
-    assert "lora.freeze_multi_modal_projector: false, but Gemma3ForCausalLM has no vision projector" in \
-        capsys.readouterr().err
-
+    assert f"lora.{key}: false, but {message}" in capsys.readouterr().err

@@ -18,7 +18,7 @@ from gemmaforge.senses import Senses
 from gemmaforge.train.collate import MediaBatches, RightPadCollator, tokenize_conversations
 from gemmaforge.vision import ImagePrompt
 from tests.helpers import run_config
-from tests.image_helpers import KINDS, QUESTION, picture
+from tests.image_helpers import KINDS, QUESTION, TOWER_KINDS, picture
 from tests.tensor_memory import saved_bytes
 
 
@@ -100,7 +100,7 @@ def test_mixed_batch_runs_the_frozen_tower_and_its_pixels_matter(kind: str, chec
     config = run_config(model={"name_or_path": str(model_dir)}, lora={"target_modules": "all-linear"},
                         train={"packing": False})
     model = build_peft_model(config, resolve_model(str(model_dir), tmp_path), tokenizer, "fp32")
-    tower = model.get_base_model().model.vision_tower
+    tower = model.get_base_model().get_submodule(spec.architecture.tower_prefixes[0])  # Unified: embed_vision
     calls = []
     tower.register_forward_hook(lambda *_: calls.append(1))
     collate = MediaBatches(RightPadCollator(tokenizer.pad_token_id), Senses(vision))
@@ -131,7 +131,7 @@ def test_val_loss_is_scored_with_the_pictures(checkpoint_of, tmp_path: Path) -> 
     assert own is not None and own != pytest.approx(mean_loss(model, others, tokenizer.pad_token_id, 2, Senses(vision)))
 
 
-@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("kind", TOWER_KINDS)
 @pytest.mark.slow
 def test_planner_prices_what_an_adapted_tower_keeps_per_picture(kind: str, checkpoint_of, tmp_path: Path) -> None:
     """The plan's bytes per picture (a probe of the tower alone) against a real training forward of the tiny

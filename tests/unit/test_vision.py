@@ -112,12 +112,6 @@ def test_a_text_only_checkpoint_takes_no_images(tiny_gemma3_dir: Path) -> None:
         ImagePrompt.load(tiny_gemma3_dir, read_spec(tiny_gemma3_dir), tokenizer=None)
 
 
-def test_gemma4_unified_images_are_refused_with_the_reason(checkpoint_of) -> None:
-    folder = checkpoint_of("gemma4-unified")
-    with pytest.raises(ValueError, match="images for Gemma 4 12B Unified are not supported yet"):
-        ImagePrompt.load(folder, read_spec(folder), tokenizer=None)
-
-
 def test_a_requests_images_share_one_pixel_budget() -> None:
     """Each picture is within the limit alone; the second is refused for what the first left (Pictures, the
     decoder the Ollama and OpenAI routes share)."""
