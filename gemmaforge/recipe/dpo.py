@@ -86,7 +86,7 @@ def preference_datasets(config: RunConfig, train: list[Any], val: list[Any], dro
     settings = PreferenceSettings(t.pref_loss, t.pref_beta, t.pref_ftx, t.simpo_gamma, t.kto_chosen_weight,
                                   t.kto_rejected_weight)
     return Datasets(train, val, collator, examples=len(train), dropped=dropped, media=NO_MEDIA, config=config,
-                    trainer_options={"settings": settings})
+                    trainer_options={"settings": settings}, unpackable=f"train.method {t.method} compares rows")
 
 
 DPO = Method("dpo", dpo_datasets, PreferenceTrainer)

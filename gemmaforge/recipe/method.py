@@ -29,6 +29,7 @@ class Datasets:
     media: MediaLoad  # the most pictures and audio tokens one training example holds (the memory plan prices them)
     config: RunConfig  # the configuration to train with (the method may turn off what its data cannot use)
     trainer_options: dict[str, Any] = field(default_factory=dict)  # keyword arguments of the method's Trainer
+    unpackable: str = ""  # why these batches are padded whatever train.packing says ("": packing applies)
 
 
 @dataclass(frozen=True)

@@ -56,7 +56,8 @@ def sft_datasets(run: RunDir, config: RunConfig, tokenizer: Any, base: ResolvedM
         if with_media:  # data with media was refused for a model without their tower
             collator = MediaBatches(collator, senses)
     return Datasets(train_set, val_set, collator, examples=len(train_rows), dropped=dropped,
-                    media=media_load(train_rows, senses, tokenizer), config=config)
+                    media=media_load(train_rows, senses, tokenizer), config=config,
+                    unpackable="examples hold images or sound" if with_media else "")
 
 
 SFT = Method("sft", sft_datasets, SupervisedLossTrainer)

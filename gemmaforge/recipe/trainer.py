@@ -204,7 +204,7 @@ def train(run: RunDir, config: RunConfig, base: ResolvedModel) -> dict[str, Any]
     # the training loop's peak, read before what follows it (the last evaluation, drawing the loss curve) can raise
     # the process's high-water mark on the CPU: what the memory plan is compared with
     training_peak = peak_memory_bytes()
-    findings = slow_steps(clock, trainer.padding_share, config, base, family, model.dtype)
+    findings = slow_steps(clock, trainer.padding_share, config, base, family, model.dtype, data.unpackable)
     for line in findings:
         console.print(f"[yellow]train: slow steps[/]: {escape(line)}")
     evals = [log for log in trainer.state.log_history if "eval_loss" in log]
@@ -288,11 +288,11 @@ def common_checkpoint(run: RunDir) -> Any:
 
 
 def slow_steps(clock: StepClock, padding_share: float, config: RunConfig, base: ResolvedModel, family: Family,
-               dtype: Any) -> list[str]:
+               dtype: Any, unpackable: str) -> list[str]:
     """The slow-step findings; a diagnostic that fails is reported as such, after a training that succeeded."""
     try:
         attention = attention_finding(head_dim(base), dtype) if family.attn_implementation == "sdpa" else None
-        return slow_step_findings(clock, padding_share, config, attention)
+        return slow_step_findings(clock, padding_share, config, attention, unpackable)
     except Exception as exc:  # noqa: BLE001 - the adapter is not saved yet: a diagnostic must not lose it
         return [f"the slow-step diagnosis failed ({type(exc).__name__}: {exc})"]
 

@@ -140,15 +140,19 @@ class StepClock(TrainerCallback):
         return self.waiting / total if total else 0.0
 
 
-def slow_step_findings(clock: StepClock, padding_share: float, config: RunConfig, sdpa: str | None) -> list[str]:
-    """Why steps were slower than they need to be, from what this run measured."""
+def slow_step_findings(clock: StepClock, padding_share: float, config: RunConfig, sdpa: str | None,
+                       unpackable: str) -> list[str]:
+    """Why steps were slower than they need to be, from what this run measured (`unpackable`: why its batches are
+    padded whatever train.packing says, or "")."""
     t = config.train
     findings = []
     if clock.data_wait_share > DATA_WAIT_LIMIT:
         findings.append(f"{clock.data_wait_share:.0%} of training time waited for batches: set "
                         f"train.dataloader_num_workers={max(2, t.dataloader_num_workers * 2)}")
     if padding_share > PADDING_LIMIT:
-        fix = "train.packing=true packs examples into full rows" if not t.packing else "more data fills rows better"
+        fix = (f"padded batches ({unpackable}): a smaller train.per_device_train_batch_size with more "
+               "gradient_accumulation_steps pads less") if unpackable else \
+            "train.packing=true packs examples into full rows" if not t.packing else "more data fills rows better"
         findings.append(f"{padding_share:.0%} of the positions in each batch were padding: {fix}")
     if sdpa:
         findings.append(sdpa)

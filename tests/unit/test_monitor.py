@@ -233,13 +233,18 @@ def test_slow_step_findings() -> None:
     clock = troubleshoot.StepClock()
     clock.waiting, clock.computing = 3.0, 7.0
     findings = troubleshoot.slow_step_findings(clock, 0.4, run_config(train={"packing": False}),
-                                               "attention runs on SDPA's slow math kernel")
+                                               "attention runs on SDPA's slow math kernel", "")
     assert findings[0].startswith("30% of training time waited for batches: set train.dataloader_num_workers=2")
     assert findings[1] == ("40% of the positions in each batch were padding: "
                            "train.packing=true packs examples into full rows")
     assert findings[2] == "attention runs on SDPA's slow math kernel"
+    # where packing is set aside (pictures, sound, pairs), it is not what the finding suggests
+    padded = troubleshoot.slow_step_findings(clock, 0.4, run_config(), None, "examples hold images or sound")
+    assert padded[1] == ("40% of the positions in each batch were padding: padded batches (examples hold images or "
+                         "sound): a smaller train.per_device_train_batch_size with more gradient_accumulation_steps "
+                         "pads less")
     clock.waiting = 0.1
-    assert troubleshoot.slow_step_findings(clock, 0.1, run_config(), None) == []
+    assert troubleshoot.slow_step_findings(clock, 0.1, run_config(), None, "") == []
 
 
 @pytest.mark.parametrize(("hip", "fix"), [("6.4.43482", "TORCH_ROCM_AOTRITON_ENABLE_EXPERIMENTAL=1"),
