@@ -11,6 +11,7 @@ from gemmaforge.cli import main
 from tests.helpers import run_cli, write_config
 
 
+@pytest.mark.slow  # a process of its own: 17 s on 2 busy cores
 def test_missing_data_file_is_exit_2_without_traceback(tmp_path: Path) -> None:
     config = write_config(tmp_path, "gemma3-270m")
     (tmp_path / "data.json").unlink()

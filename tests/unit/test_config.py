@@ -181,7 +181,8 @@ def test_train_and_lora_keys_are_training_arguments_and_lora_config_names_but_th
                             "early_stopping_patience", "precision", "check_memory", "warmup_ratio",
                             "pref_loss", "pref_beta", "pref_ftx", "simpo_gamma", "kto_chosen_weight",
                             "kto_rejected_weight"}
-    assert lora_extras == {"train_template_tokens", "freeze_vision_tower", "freeze_multi_modal_projector"}
+    assert lora_extras == {"train_template_tokens", "freeze_vision_tower", "freeze_multi_modal_projector",
+                           "freeze_audio_tower", "freeze_audio_projector"}
     documented = [f"`{key}`" in section or f"`train.{key}`" in section for key in train_extras]
     assert all(documented) and "`lora.train_template_tokens`" in section
-    assert "`freeze_vision_tower`" in section and "`freeze_multi_modal_projector`" in section
+    assert all(f"`{key}`" in section for key in lora_extras - {"train_template_tokens"})

@@ -170,6 +170,7 @@ def test_a_4_bit_linear_weight_is_priced_at_0_52_bytes(tiny_gemma3_dir: Path, tm
     assert price == pytest.approx(0.5 + 1 / 64 + 4 / (64 * 256), abs=1e-3) and round(price, 2) == 0.52
 
 
+@pytest.mark.slow  # 19 s on 2 busy cores
 def test_fp16_activations_are_planned_as_fp32(text_checkpoint_of, tmp_path: Path) -> None:
     """docs/training.md: fp16 (Gemma 1/2 only) is planned as fp32 activations, an overestimate: on a tiny Gemma 2 the
     fp16 plan's activations (and the backward term drawn from them) equal the fp32 plan's, above the bf16 plan's."""
