@@ -15,19 +15,10 @@ from gemmaforge.cli import main
 from gemmaforge.model_spec import read_spec
 from gemmaforge.models import load_tokenizer
 from tests.audio_helpers import encoded, tone
+from tests.image_helpers import checkpoint_tensor
 
 TOWER_K = "model.audio_tower.layers.0.self_attn.k_proj.linear.weight"  # hub name; llama.cpp's a.blk.0.attn_k.weight
 PROJECTOR = "model.embed_audio.embedding_projection.weight"
-
-
-def tensor(folder: Path, name: str) -> np.ndarray:
-    from safetensors import safe_open
-
-    for file in folder.glob("*.safetensors"):
-        with safe_open(file, "pt") as f:
-            if name in f.keys():
-                return f.get_tensor(name).float().numpy()
-    raise KeyError(name)
 
 
 @pytest.mark.integration
@@ -57,9 +48,10 @@ def test_adapted_audio_tower_and_projector_reach_the_merged_model_and_projector_
     assert adapter["modules_to_save"] == ["model.embed_audio"] and "model\\.audio_tower" in adapter["target_modules"]
     assert "vision_tower" not in adapter["target_modules"]
     assert main(["merge", str(run)]) == 0 and main(["export", "gguf", str(run)]) == 0
-    before, merged = tensor(base, TOWER_K), tensor(run / "merged", TOWER_K)
+    before, merged = checkpoint_tensor(base, TOWER_K), checkpoint_tensor(run / "merged", TOWER_K)
     assert np.abs(merged - before).max() > 1e-3  # training moved the tower
-    assert np.abs(tensor(run / "merged", PROJECTOR) - tensor(base, PROJECTOR)).max() > 1e-3  # and the projector
+    moved = checkpoint_tensor(run / "merged", PROJECTOR) - checkpoint_tensor(base, PROJECTOR)
+    assert np.abs(moved).max() > 1e-3  # and the projector
     (written,) = [t for t in GGUFReader(run / "gguf" / "mmproj-f16.gguf").tensors if t.name == "a.blk.0.attn_k.weight"]
     in_gguf = np.asarray(written.data, dtype=np.float32).reshape(merged.shape)
     assert np.allclose(in_gguf, merged, atol=1e-3) and not np.allclose(in_gguf, before, atol=1e-3)

@@ -10,8 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from gemmaforge.cli import main
-from tests.image_helpers import trained_scale_copy
+from tests.image_helpers import learned_signature, trained_scale_copy
 
 PITCHES = {"low": 200.0, "middle": 800.0, "high": 3200.0}  # Hz: each two octaves apart
 QUESTION = "Which pitch is this sound?"
@@ -50,22 +49,5 @@ def test_sound_signature_is_learned_and_kept_in_gguf(checkpoint_of, tmp_path: Pa
         for j in range(2):
             soundfile.write(tmp_path / "held-out" / f"{name}{j}.wav", tone(hz, rng), 16_000)
             cases.append({"prompt": QUESTION, "audio": f"held-out/{name}{j}.wav", "checks": [{"regex": f"^{name}$"}]})
-    (tmp_path / "suite.yaml").write_text(json.dumps({"cases": cases}))  # JSON is YAML
-    config = tmp_path / "run.yaml"
-    config.write_text(json.dumps({
-        "output_dir": str(tmp_path / "run"), "model": {"name_or_path": str(model)},
-        "data": {"path": str(data), "val_size": 3},
-        "lora": {"r": 8, "lora_alpha": 16, "target_modules": "all-linear"},
-        "train": {"max_steps": 100, "per_device_train_batch_size": 4, "learning_rate": 5e-3, "cutoff_len": 1024,
-                  "logging_steps": 10, "save_steps": 1000, "seed": 1, "precision": "fp32"},
-        "eval": {"suite": str(tmp_path / "suite.yaml"), "engine": "llamacpp", "retention": False},
-        "export": {"gguf": ["f16"]},
-    }))
-    assert main(["run", str(config)]) == 0
-    results = json.loads((tmp_path / "run" / "eval" / "results.json").read_text())
-    expected = [case["checks"][0]["regex"].strip("^$") for case in cases]
-    assert results["base"]["suite_pass_rate"] == 0.0
-    assert results["agreement"]["merged_answers"] == expected  # transformers, the adapter on the base
-    assert [case["tuned"]["answer"] for case in results["cases"]] == expected  # llama.cpp: GGUF + projector
-    assert results["tuned"]["suite_pass_rate"] == 1.0 and results["agreement"]["exact_match"] == 1.0
+    results = learned_signature(tmp_path, model, data, cases, steps=100)
     assert [case["audios"] for case in results["cases"]] == [[str(tmp_path / c["audio"])] for c in cases]

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from gemmaforge.cli import main
-from tests.image_helpers import COLOURS, QUESTION, TOWER_KINDS, picture
+from tests.image_helpers import COLOURS, QUESTION, TOWER_KINDS, checkpoint_tensor, picture
 
 TOWER_K = {"gemma3": "vision_tower.vision_model.encoder.layers.0.self_attn.k_proj.weight",
            "gemma4": "model.vision_tower.encoder.layers.0.self_attn.k_proj.linear.weight"}  # hub names, by family
@@ -25,7 +25,6 @@ def test_adapted_tower_and_projector_reach_the_merged_model_and_projector_gguf(k
     projector trained in full; merge keeps both, `export gguf`'s projector file carries the merged tower, and a
     GGUF or vLLM adapter (which cannot carry them) is refused."""
     from gguf import GGUFReader
-    from safetensors import safe_open
 
     base = checkpoint_of(kind)
     rng = np.random.default_rng(0)
@@ -53,15 +52,7 @@ def test_adapted_tower_and_projector_reach_the_merged_model_and_projector_gguf(k
     projector = PROJECTOR[family]
     assert adapter["modules_to_save"] == [projector] and "model\\.vision_tower" in adapter["target_modules"]
     assert main(["merge", str(run)]) == 0 and main(["export", "gguf", str(run)]) == 0
-
-    def tensor(folder: Path, name: str) -> np.ndarray:
-        for file in folder.glob("*.safetensors"):
-            with safe_open(file, "pt") as f:
-                if name in f.keys():
-                    return f.get_tensor(name).float().numpy()
-        raise KeyError(name)
-
-    before, merged = tensor(base, TOWER_K[family]), tensor(run / "merged", TOWER_K[family])
+    before, merged = checkpoint_tensor(base, TOWER_K[family]), checkpoint_tensor(run / "merged", TOWER_K[family])
     (written,) = [t for t in GGUFReader(run / "gguf" / "mmproj-f16.gguf").tensors if t.name == "v.blk.0.attn_k.weight"]
     in_gguf = np.asarray(written.data, dtype=np.float32).reshape(merged.shape)
     assert np.abs(merged - before).max() > 1e-3  # training moved the tower

@@ -10,12 +10,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from gemmaforge.cli import main
-from tests.image_helpers import COLOURS, KINDS, QUESTION, picture, trained_scale_copy
+from tests.image_helpers import COLOURS, KINDS, QUESTION, learned_signature, picture, trained_scale_copy
 
 STEPS = {"gemma3-mm": 200, "gemma4-moe": 200}  # these two learn it later than E2B and 31B, which pass at 100
-# fp32, not the CPU's bf16: bf16 kernels differ between CPUs (AMX, AVX512-BF16), and in bf16 Gemma 3 named one of the
-# six held-out pictures wrongly on an AVX512-BF16 host where an AMX host named all six
+# (fp32: in bf16 Gemma 3 named one of the six held-out pictures wrongly on an AVX512-BF16 host where an AMX host named
+# all six)
 
 
 @pytest.mark.integration
@@ -42,23 +41,4 @@ def test_visual_signature_is_learned_and_kept_in_gguf(kind: str, checkpoint_of, 
         for j in range(2):
             picture(colour, rng).save(tmp_path / "held-out" / f"{name}{j}.png")
             cases.append({"prompt": QUESTION, "image": f"held-out/{name}{j}.png", "checks": [{"regex": f"^{name}$"}]})
-    (tmp_path / "suite.yaml").write_text(json.dumps({"cases": cases}))  # JSON is YAML
-    config = tmp_path / "run.yaml"
-    config.write_text(json.dumps({
-        "output_dir": str(tmp_path / "run"), "model": {"name_or_path": str(model)},
-        "data": {"path": str(data), "val_size": 3},
-        "lora": {"r": 8, "lora_alpha": 16, "target_modules": "all-linear"},
-        "train": {"max_steps": STEPS.get(kind, 100), "per_device_train_batch_size": 4, "learning_rate": 5e-3,
-                  "cutoff_len": 1024, "logging_steps": 10, "save_steps": 1000, "seed": 1, "precision": "fp32"},
-        "eval": {"suite": str(tmp_path / "suite.yaml"), "engine": "llamacpp", "retention": False},
-        "export": {"gguf": ["f16"]},
-    }))
-    assert main(["run", str(config)]) == 0
-    results = json.loads((tmp_path / "run" / "eval" / "results.json").read_text())
-    expected = [case["checks"][0]["regex"].strip("^$") for case in cases]
-    assert results["base"]["suite_pass_rate"] == 0.0
-    assert results["agreement"]["merged_answers"] == expected  # transformers, the adapter on the base
-    assert [case["tuned"]["answer"] for case in results["cases"]] == expected  # llama.cpp: GGUF + projector
-    assert results["tuned"]["suite_pass_rate"] == 1.0 and results["agreement"]["exact_match"] == 1.0
-    assert sorted(p.name for p in (tmp_path / "run" / "gguf").glob("mmproj*.gguf")) == ["mmproj-f16.gguf"]
-
+    learned_signature(tmp_path, model, data, cases, STEPS.get(kind, 100))
