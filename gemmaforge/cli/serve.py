@@ -31,8 +31,10 @@ def add(verbs: Verbs) -> None:
         "serve", help="Serve runs and models over the Ollama, OpenAI and Anthropic HTTP APIs (many LoRA adapters on "
         "one base).",
         description="Serve runs and models over Ollama's API (/api/chat, /api/generate, /api/embed, /api/tags, ...), "
-        "OpenAI's (/v1/chat/completions, /v1/completions, /v1/responses, /v1/embeddings, /v1/models) and "
-        "Anthropic's Messages API (/v1/messages), with log-probabilities on request, adapters loaded "
+        "OpenAI's (/v1/chat/completions, /v1/completions, /v1/responses, /v1/embeddings, /v1/models, "
+        "/v1/audio/transcriptions) and "
+        "Anthropic's Messages API (/v1/messages), with pictures and sound for the checkpoints that take them, "
+        "log-probabilities on request, adapters loaded "
         "and unloaded at runtime (/v1/load_lora_adapter, /v1/unload_lora_adapter). Concurrent requests on the "
         "transformers engine are batched at every decoding step.",
         epilog=SERVE_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
