@@ -12,7 +12,7 @@ from gemmaforge.console import console, escape
 from gemmaforge.distributed import gather, local_rank, world_size
 from gemmaforge.errors import StageError, UserError
 from gemmaforge.families import Family
-from gemmaforge.models import ResolvedModel, default_home, load_tokenizer
+from gemmaforge.models import ResolvedModel, default_home, load_tokenizer, save_tokenizer_once
 from gemmaforge.recipe.dpo import DPO
 from gemmaforge.recipe.kto import KTO
 from gemmaforge.recipe.method import Method
@@ -148,6 +148,7 @@ def train(run: RunDir, config: RunConfig, base: ResolvedModel) -> dict[str, Any]
                         "directory (a shared filesystem), or train with DDP (examples/distributed/ddp.yaml)")
     tokenizer = load_tokenizer(base.path)
     tokenizer.chat_template = family.chat.jinja()
+    save_tokenizer_once(tokenizer)  # into every checkpoint and the adapter, unchanged
     senses = Senses.of(base.path, base.spec, tokenizer)  # data with media was refused without their tower
     method = METHODS[config.train.method]
     data = method.datasets(run, config, tokenizer, base, senses)

@@ -103,3 +103,22 @@ def test_a_folders_tokenizer_is_loaded_once_and_each_caller_gets_its_own(tmp_pat
     settings = json.loads(config.read_text(encoding="utf-8"))
     config.write_text(json.dumps({**settings, "model_max_length": 77}), encoding="utf-8")
     assert models.load_tokenizer(folder).model_max_length == 77 and len(loads) == 2
+
+
+def test_a_tokenizer_saved_once_writes_the_same_files_into_every_folder(tmp_path: Path, embedded_model) -> None:
+    """A training's tokenizer goes into every checkpoint and the adapter: serialized once, its bytes written after
+    (the second folder keeps what the first save wrote even where the tokenizer changed since: it is for a tokenizer
+    that no longer changes); each folder holds what a plain save_pretrained writes."""
+    tokenizer = models.save_tokenizer_once(models.load_tokenizer(embedded_model.path))
+    tokenizer.chat_template = "{{ messages[0]['content'] }}"
+    plain = models.load_tokenizer(embedded_model.path)
+    plain.chat_template = tokenizer.chat_template
+    plain.save_pretrained(tmp_path / "plain")
+    first = tokenizer.save_pretrained(tmp_path / "checkpoint-2")
+    tokenizer.chat_template = "changed"
+    second = tokenizer.save_pretrained(tmp_path / "checkpoint-4")
+    names = sorted(Path(f).name for f in first)
+    assert "tokenizer.json" in names and sorted(Path(f).name for f in second) == names
+    for name in names:
+        assert (tmp_path / "checkpoint-4" / name).read_bytes() == (tmp_path / "checkpoint-2" / name).read_bytes() \
+            == (tmp_path / "plain" / name).read_bytes(), name
