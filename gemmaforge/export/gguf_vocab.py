@@ -219,3 +219,18 @@ def bpe_tokens(model_dir: Path) -> Iterator[tuple[str, TokenType]]:
                          TokenType.CONTROL if token_id in special_ids else TokenType.NORMAL)
     for token_id, text in added:
         yield text, TokenType.CONTROL if token_id in special_ids else TokenType.USER_DEFINED
+
+
+def bpe_merges(model_dir: Path) -> list[str]:
+    """The merges of a BPE tokenizer.json as the gguf package's `SpecialVocab(load_merges=True)` gives them ("a b",
+    a space inside a part written as U+0120), without its per-character rebuild of every pair (2.5 s of Gemma 4's
+    514k merges)."""
+    path = model_dir / "tokenizer.json"
+    merges = (_read_json(path) or {}).get("model", {}).get("merges") or []
+    if all(isinstance(merge, str) for merge in merges):
+        return merges
+    if not all(type(pair) is list and len(pair) == 2 and type(pair[0]) is str and type(pair[1]) is str
+               for pair in merges):
+        raise UserError(f"{path}: model.merges holds neither 'a b' strings nor [a, b] pairs")
+    space = chr(ord(" ") + 256)
+    return [f"{a.replace(' ', space)} {b.replace(' ', space)}" for a, b in merges]
