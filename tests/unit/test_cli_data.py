@@ -165,22 +165,23 @@ def test_inspect_model_gives_the_tokenizer_and_the_template(tmp_path: Path, caps
 
 
 @pytest.mark.slow
-def test_llamafactory_tool_data_prepares_and_inspects(tmp_path: Path, llamafactory_data: Path,
-                                                     gemma3_tokenizer) -> None:
+def test_llamafactory_tool_data_prepares_and_inspects(tmp_path: Path, llamafactory_data: Path, gemma3_tokenizer,
+                                                     capsys: pytest.CaptureFixture[str]) -> None:
     """The command the walkthroughs' users run on LLaMA-Factory's tool-call demo, then what training sees of it:
-    the tool prompt and the results are prompt, the `Action:` calls and the answers carry the loss."""
-    proc = run_cli("data", "prepare", str(llamafactory_data), "--dataset", "glaive_toolcall_en_demo", "-o", "out",
-                   cwd=tmp_path)
-    assert proc.returncode == 0, proc.stderr
-    train = tmp_path / "out" / "train.jsonl"
-    proc = run_cli("data", "inspect", str(train), "--json", cwd=tmp_path)
-    assert proc.returncode == 0, proc.stderr
-    rows = [json.loads(line) for line in proc.stdout.splitlines()]
+    the tool prompt and the results are prompt, the `Action:` calls and the answers carry the loss. (In this
+    process: the command line in a process of its own is the tests above.)"""
+    out = tmp_path / "out"
+    assert main(["data", "prepare", str(llamafactory_data), "--dataset", "glaive_toolcall_en_demo", "-o",
+                 str(out)]) == 0
+    capsys.readouterr()
+    assert main(["data", "inspect", str(out / "train.jsonl"), "--json"]) == 0
+    rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     with_call = next(row for row in rows if "\nAction Input: " in row["text"])
     assert "You have access to the following tools:\n> Tool Name: " in with_call["text"]
     supervised = gemma3_tokenizer.decode([i for i, label in zip(with_call["input_ids"], with_call["labels"],
                                                                 strict=True) if label != -100])
     assert "Action: " in supervised and "<start_of_turn>tool" not in supervised
     assert "You have access" not in supervised
-    proc = run_cli("data", "inspect", str(train), "-n", "1", cwd=tmp_path)
-    assert proc.returncode == 0 and "conversation 1:" in proc.stdout and "Tool Name:" in proc.stdout
+    assert main(["data", "inspect", str(out / "train.jsonl"), "-n", "1"]) == 0
+    shown = capsys.readouterr().out
+    assert "conversation 1:" in shown and "Tool Name:" in shown

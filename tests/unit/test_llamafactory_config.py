@@ -271,8 +271,9 @@ def test_the_pretraining_example_trains_on_c4_demo(llamafactory_data: Path, tiny
                    max_samples=24, cutoff_len=128, val_size=4)
     assert main(["config", "convert", str(path)]) == 0
     assert yaml.safe_load(capsys.readouterr().out)["train"]["method"] == "pt"
-    assert main(["run", str(path), "train.max_steps=2", "train.precision=fp32", "eval.retention=false",
-                 "eval.max_new_tokens=8", "export.gguf=[f16]"]) == 0
+    # one micro-batch a step, not the example's 8: its SFT sibling above trains with the example's accumulation
+    assert main(["run", str(path), "train.max_steps=2", "train.precision=fp32", "train.gradient_accumulation_steps=1",
+                 "eval.retention=false", "eval.max_new_tokens=8", "export.gguf=[f16]"]) == 0
     run = tmp_path / "saves"
     stats = json.loads((run / "data" / "stats.json").read_text())
     assert stats["method"] == "pt" and stats["records"] == 24 and stats["train"] + stats["val"] == stats["kept"]
