@@ -43,9 +43,14 @@ def fetch_converter(out: Path) -> Path:
     return out / root
 
 
+MEMO_RUNNER = Path(__file__).with_name("converter_memo.py")
+
+
 def run_converter(converter: Path, script: str, *args: str) -> None:
-    """One of llama.cpp's converter scripts, with its own gguf-py (not the installed gguf package)."""
-    proc = subprocess.run([sys.executable, script, *args], cwd=converter, capture_output=True, text=True,
+    """One of llama.cpp's converter scripts, with its own gguf-py (not the installed gguf package), its vocabulary
+    readers memoized for the session by the tokenizer files' contents (tests/converter_memo.py)."""
+    command = [sys.executable, str(MEMO_RUNNER), str(converter / ".vocabulary-memo"), script, *args]
+    proc = subprocess.run(command, cwd=converter, capture_output=True, text=True,
                           env={"PYTHONPATH": str(converter / "gguf-py"), "PATH": "/usr/bin:/bin"})
     assert proc.returncode == 0, proc.stderr[-2000:]
 
