@@ -26,6 +26,8 @@ out of time does not stop the next. Steps:
   the forwards (prefill and decode, the GPU synchronised), choosing each row's token, handing it to its answer
   (text, stop checks, the event), and the rest (scheduling, the waiting client): what to make faster, measured
   where it runs;
+- serve_fleet: 8 requests on 8 adapters of the model at once, decoded in shared steps and taking turns, against 8
+  on one adapter and on the base model (benchmarks/serve_fleet.py);
 - vllm: `export vllm` and vLLM on the merged folder and with the adapter, when vLLM is installed.
 
 Results: DIR/gpu_check.json (every step's figures and status) and DIR/summary.md; DIR/doctor.json; DIR/log.txt
@@ -56,10 +58,10 @@ ROOT = Path(__file__).resolve().parents[1]
 STEPS = {  # name -> time limit (s); the whole check is also held to --budget-s
     "environment": 60, "doctor": 90, "matmul": 60, "model": 120, "train_bf16": 180, "qlora": 150,
     "merge_export_verify": 150, "serve": 150, "generate_static": 150, "serve_profile": 120,
-    "vllm": 240,
+    "serve_fleet": 120, "vllm": 240,
 }
 GPU_STEPS = {"matmul", "train_bf16", "qlora", "merge_export_verify", "serve", "generate_static", "serve_profile",
-             "vllm"}
+             "serve_fleet", "vllm"}
 OPTIONAL = {"bitsandbytes": "qlora", "llama_cpp": "merge_export_verify (verify)", "vllm": "vllm",
             "fastapi": "serve", "uvicorn": "serve", "httpx": "serve"}
 TRAIN = {"max_steps": 40, "per_device_train_batch_size": 8, "cutoff_len": 512, "packing": True,
@@ -386,6 +388,17 @@ def step_serve_profile(args: argparse.Namespace) -> dict[str, Any]:
     finally:
         registry.close()
     return out
+
+
+def step_serve_fleet(args: argparse.Namespace) -> dict[str, Any]:
+    need_gpu(args)
+    sys.path.insert(0, str(Path(__file__).parent))
+    from serve_fleet import fleet
+
+    max_tokens, _ = answer_lengths(args)
+    figures = fleet(earlier(args.work, "model")["model"], 2 if args.cpu else 8, max_tokens, 1 if args.cpu else 2)
+    return {"max_tokens": max_tokens, "most_adapters_in_a_forward": figures["most_adapters_in_a_forward"],
+            **{f"{case} tok_s": rate for case, rate in figures["tok_s"].items()}}
 
 
 def step_vllm(args: argparse.Namespace) -> dict[str, Any]:

@@ -5,9 +5,11 @@ Requests on the same adapter decode together as one batch whose KV cache lives o
 timeline: the requests that arrive between two steps are prefilled together (one left-padded forward per
 `max_prefill_tokens`) and join the batch at the next step (their cache padded on the left to the batch's
 width, or the batch's to theirs); a finished or disconnected request leaves at once.
-Requests on different adapters form separate batches that take turns step by step (PEFT switches the
-active adapter between steps, so every adapter kind, trained token rows included, computes exactly what
-it computes alone).
+Requests on plain LoRA adapters (trained token rows included) and on the base model share one batch: a step
+whose rows are on several of them computes each row with its own adapter in one forward (adapter_mix.py). An
+adapter of another kind (DoRA, whole modules saved, LoRA on parameters) has a batch of its own, and the batches
+take turns step by step (PEFT switches the active adapter between steps, so every adapter kind computes exactly
+what it computes alone).
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from collections.abc import Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, TypeVar
 
 import torch
 
@@ -44,6 +46,9 @@ from gemmaforge.media import merged_token_types
 from gemmaforge.models import fast_last_position_logits
 from gemmaforge.vision import ImagePrompt
 
+if TYPE_CHECKING:  # PEFT is imported with the first adapter
+    from gemmaforge.inference.adapter_mix import AdapterMix
+
 T = TypeVar("T")
 _BYTE_TOKEN = re.compile(r"<0x([0-9A-Fa-f]{2})>")  # SentencePiece's byte fallback
 
@@ -62,18 +67,20 @@ class _Running:
 
 @dataclass
 class _Batch:
-    """The running requests of one adapter: row i of every tensor belongs to rows[i]."""
+    """The running requests of one lane (see TransformersEngine._lane): row i of every tensor belongs to rows[i]."""
 
     rows: list[_Running] = field(default_factory=list)
     cache: Any = None  # DynamicCache, (B, heads, width, head_dim) per layer
     mask: torch.Tensor | None = None  # (B, width): 1 where a row has a real token
     positions: torch.Tensor | None = None  # (B,): the position of each row's next token
     last: torch.Tensor | None = None  # (B,): each row's latest token, the next step's input
+    slots: torch.Tensor | None = None  # (B,): each row's adapter slot in the AdapterMix (0: the base model)
 
-    def tensors(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """mask, positions and last: set while the batch has rows (_select clears them with its last row)."""
-        assert self.mask is not None and self.positions is not None and self.last is not None, "an empty batch"
-        return self.mask, self.positions, self.last
+    def tensors(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """mask, positions, last and slots: set while the batch has rows (_select clears them with its last row)."""
+        assert self.mask is not None and self.positions is not None and self.last is not None \
+            and self.slots is not None, "an empty batch"
+        return self.mask, self.positions, self.last, self.slots
 
 
 class TransformersEngine:
@@ -92,6 +99,7 @@ class TransformersEngine:
         self.device = next(model.parameters()).device
         self.peft: Any = None  # the PeftModel once an adapter is loaded
         self._tuner_layer: Any = None  # one of PEFT's adapter layers, once an adapter is loaded (see _use)
+        self.mix: AdapterMix | None = None  # the plain LoRA adapters stacked, once an adapter is loaded
         self.adapters: dict[str, Path] = {}
         self.max_batch, self.max_queue, self.num_ctx = max_batch, max_queue, num_ctx
         self.max_prefill_tokens = max_prefill_tokens  # padded prompt tokens in one prefill forward (its memory)
@@ -109,6 +117,7 @@ class TransformersEngine:
         self._model_lock = threading.Lock()  # adapter loading vs. a step in flight
         self._closed = False
         self.widest_batch = 0  # the most requests one decoding step has served (observability, tests)
+        self.most_adapters_in_a_forward = 0  # the most adapters (the base model counted) one forward has served
         self._thread = threading.Thread(target=self._loop, name="gemmaforge-transformers-engine", daemon=True)
         self._thread.start()
 
@@ -145,6 +154,7 @@ class TransformersEngine:
         from peft import PeftModel
         from peft.tuners.tuners_utils import BaseTunerLayer
 
+        from gemmaforge.inference.adapter_mix import AdapterMix
         from gemmaforge.train.template_tokens import use_sparse_template_tokens
 
         with self._model_lock:
@@ -155,6 +165,8 @@ class TransformersEngine:
             use_sparse_template_tokens(self.peft)
             self.adapters[name] = path
             self._tuner_layer = next(m for m in self.peft.modules() if isinstance(m, BaseTunerLayer))
+            self.mix = self.mix or AdapterMix(self.peft)
+            self.mix.refresh(list(self.adapters)) if not __import__("os").environ.get("NOMIX") else None
 
     def unload_adapter(self, name: str) -> None:
         with self._model_lock:  # between steps: its requests end now, and new ones can no longer name it
@@ -162,8 +174,9 @@ class TransformersEngine:
             del self.adapters[name]
             if self.adapters:
                 self.peft.delete_adapter(name)
+                self.mix.refresh(list(self.adapters))  # type: ignore[union-attr]  # made by the first load
             else:  # the last one: take the adapter layers out, so that the next load starts clean
-                self.model, self.peft = self.peft.unload(), None
+                self.model, self.peft, self.mix = self.peft.unload(), None, None
 
     def submit(self, job: Job) -> None:
         with self._wake:
@@ -256,29 +269,43 @@ class TransformersEngine:
                         done.set_result(fn(self.model))
                     except Exception as e:  # noqa: BLE001  (the caller gets the error; the engine goes on)
                         done.set_exception(e)
-                for adapter, group in self._prefill_groups(admitted):
+                for lane, group in self._prefill_groups(admitted):
                     try:
-                        self._prefill(adapter, group)
+                        self._prefill(lane, group)
                     except Exception as e:  # noqa: BLE001  (a fault ends these requests with an error, not the engine)
                         with self._wake:
                             self._admitted -= {id(job) for job in group}
                         for job in group:
                             job.fail(e)
                 self._end_cancelled()
-                active = [a for a, b in self._batches.items() if b.rows]
-                if active:  # one step for one adapter's batch, adapters in turn
-                    adapter = active[next(turns) % len(active)]
+                active = [lane for lane, b in self._batches.items() if b.rows]
+                if active:  # one step for one lane's batch, lanes in turn
+                    lane = active[next(turns) % len(active)]
                     try:
-                        self._step(adapter)
+                        self._step(lane)
                     except Exception as e:  # noqa: BLE001  (a fault in a step fails that batch, not the engine)
-                        for row in self._batches.pop(adapter).rows:
+                        for row in self._batches.pop(lane).rows:
                             row.job.fail(e)
 
-    def _forward(self, adapter: str | None, cache: Any, **inputs: Any) -> torch.Tensor:
-        """Last-position logits (B, vocab) in float32, computed with `adapter` (None: the base model)."""
+    def _lane(self, adapter: str | None) -> str | None:
+        """The batch a request on `adapter` decodes in: None for the base model and every adapter the AdapterMix
+        takes (one forward for all of them), the adapter's name for any other."""
+        return None if adapter is None or (self.mix is not None and adapter in self.mix.slots) else adapter
+
+    def _forward(self, adapters: list[str | None], slots: torch.Tensor, cache: Any, **inputs: Any) -> torch.Tensor:
+        """Last-position logits (B, vocab) in float32, row i computed with adapters[i] (None: the base model): through
+        PEFT when the rows have one, else each row with the adapter in its slot of the AdapterMix (slots[i])."""
         inputs[self._cache_kw] = cache
-        self._use(adapter)  # the LoRA layers sit inside self.model: it is called as generate calls it
-        out = self.model(**inputs, use_cache=True, logits_to_keep=1)
+        present = set(adapters)
+        self.most_adapters_in_a_forward = max(self.most_adapters_in_a_forward, len(present))
+        if len(present) == 1:
+            self._use(adapters[0])  # the LoRA layers sit inside self.model: it is called as generate calls it
+            out = self.model(**inputs, use_cache=True, logits_to_keep=1)
+        else:
+            assert self.mix is not None, "rows on several adapters without an adapter loaded"
+            self._use(None)  # every PEFT layer computes the base model, but the mix's layers follow the slots
+            with self.mix.rows(slots, {a for a in present if a is not None}):
+                out = self.model(**inputs, use_cache=True, logits_to_keep=1)
         return out.logits[:, -1].float().cpu()
 
     def _use(self, adapter: str | None) -> None:
@@ -298,34 +325,34 @@ class TransformersEngine:
             self.peft.set_adapter(adapter)
 
     def _prefill_groups(self, jobs: list[Job]) -> list[tuple[str | None, list[Job]]]:
-        """`jobs` as prefill forwards: by adapter, then in order of prompt length (less padding), each group
+        """`jobs` as prefill forwards: by lane, then in order of prompt length (less padding), each group
         at most `max_prefill_tokens` once padded (a longer prompt goes alone). Cancelled jobs end here."""
-        by_adapter: dict[str | None, list[Job]] = {}
+        by_lane: dict[str | None, list[Job]] = {}
         for job in jobs:
             if job.cancelled.is_set():
                 with self._wake:
                     self._admitted.discard(id(job))
                 job.emit(Finished("cancelled", len(job.prompt_ids), 0, 0, 0))
             else:
-                by_adapter.setdefault(job.adapter, []).append(job)
+                by_lane.setdefault(self._lane(job.adapter), []).append(job)
         groups: list[tuple[str | None, list[Job]]] = []
-        for adapter, waiting in by_adapter.items():
+        for lane, waiting in by_lane.items():
             group: list[Job] = []
             for job in sorted(waiting, key=lambda j: len(j.prompt_ids)):  # each job is the group's longest so far
-                if job.media:  # its media inputs go through the towers in a forward of its own
-                    groups.append((adapter, [job]))
+                if job.media:  # its media inputs go through the towers in a forward of its own, with its adapter
+                    groups.append((lane, [job]))
                     continue
                 if group and (len(group) + 1) * len(job.prompt_ids) > self.max_prefill_tokens:
-                    groups.append((adapter, group))
+                    groups.append((lane, group))
                     group = []
                 group.append(job)
             if group:
-                groups.append((adapter, group))
+                groups.append((lane, group))
         return groups
 
-    def _prefill(self, adapter: str | None, jobs: list[Job]) -> None:
-        """One forward over the prompts of `jobs`, left-padded to the longest; each job's first token is
-        chosen and the rows that go on join `adapter`'s batch."""
+    def _prefill(self, lane: str | None, jobs: list[Job]) -> None:
+        """One forward over the prompts of `jobs` (of one lane), left-padded to the longest; each job's first token
+        is chosen and the rows that go on join the lane's batch."""
         from transformers import DynamicCache
 
         start = time.perf_counter_ns()
@@ -340,7 +367,9 @@ class TransformersEngine:
         positions = (mask.cumsum(dim=1) - 1).clamp(min=0)
         cache = DynamicCache()  # full-length layers: the sliding window is applied by the attention mask
         media = self._media_inputs(jobs[0], ids) if jobs[0].media else {}  # a job with media is alone
-        logits = self._forward(adapter, cache, input_ids=ids, attention_mask=mask, position_ids=positions,
+        adapters = [job.adapter for job in jobs]
+        slots = torch.tensor([self.mix.slots.get(a, 0) if self.mix is not None and a else 0 for a in adapters], **on)
+        logits = self._forward(adapters, slots, cache, input_ids=ids, attention_mask=mask, position_ids=positions,
                                cache_position=torch.arange(width, **on), **media)
         now = time.perf_counter_ns()
         rows = [_Running(Answer(job, TextStream(self._decode, job.params.stop), self.num_ctx, prompt_ns=now - start,
@@ -348,7 +377,7 @@ class TransformersEngine:
                          self.grammars.matcher(job.params.grammar) if job.params.grammar else None)
                 for job in jobs]
         last = torch.zeros(len(jobs), dtype=torch.long, **on)
-        new = _Batch(rows, cache, mask, positions[:, -1] + 1, last)
+        new = _Batch(rows, cache, mask, positions[:, -1] + 1, last, slots)
         with self._wake:  # the first tokens are sent as the jobs join their batch: running() never misses one
             self._admitted -= {id(job) for job in jobs}
             keep = []
@@ -360,7 +389,7 @@ class TransformersEngine:
             if len(keep) < len(rows):
                 _select(new, keep)
             if new.rows:
-                self._batches[adapter] = _join(self._batches.get(adapter), new)
+                self._batches[lane] = _join(self._batches.get(lane), new)
 
     def _media_inputs(self, job: Job, ids: torch.Tensor) -> dict[str, Any]:
         """A job's media inputs for the prefill forward: pixels and audio features in the model's dtype, the media
@@ -374,13 +403,13 @@ class TransformersEngine:
                  if prompt is not None and key in inputs]
         return {**inputs, **merged_token_types(*types)}
 
-    def _step(self, adapter: str | None) -> None:
-        batch = self._batches[adapter]
+    def _step(self, lane: str | None) -> None:
+        batch = self._batches[lane]
         self.widest_batch = max(self.widest_batch, len(batch.rows))
-        mask, positions, last = batch.tensors()
+        mask, positions, last, slots = batch.tensors()
         width = mask.shape[1]
         batch.mask = mask = torch.cat([mask, mask.new_ones((len(batch.rows), 1))], dim=1)
-        logits = self._forward(adapter, batch.cache, input_ids=last[:, None],
+        logits = self._forward([row.job.adapter for row in batch.rows], slots, batch.cache, input_ids=last[:, None],
                                attention_mask=mask, position_ids=positions[:, None],
                                cache_position=torch.tensor([width], device=self.device))
         batch.positions = positions + 1
@@ -451,11 +480,9 @@ def _join(batch: _Batch | None, new: _Batch) -> _Batch:
     for layer, extra in zip(batch.cache.layers, new.cache.layers):
         layer.keys = torch.cat([layer.keys, extra.keys])
         layer.values = torch.cat([layer.values, extra.values])
-    (mask, positions, last), (new_mask, new_positions, new_last) = batch.tensors(), new.tensors()  # padded ones
     batch.rows += new.rows
-    batch.mask = torch.cat([mask, new_mask])
-    batch.positions = torch.cat([positions, new_positions])
-    batch.last = torch.cat([last, new_last])
+    batch.mask, batch.positions, batch.last, batch.slots = (  # padded ones
+        torch.cat([mine, theirs]) for mine, theirs in zip(batch.tensors(), new.tensors()))
     return batch
 
 
@@ -472,13 +499,13 @@ def _select(batch: _Batch, keep: list[int]) -> None:
     """Keep only rows `keep`, and drop the left columns that no remaining row uses."""
     batch.rows = [batch.rows[i] for i in keep]
     if not keep:
-        batch.cache = batch.mask = batch.positions = batch.last = None
+        batch.cache = batch.mask = batch.positions = batch.last = batch.slots = None
         return
-    mask, positions, last = batch.tensors()  # set: the batch had rows, `keep` names some of them
+    mask, positions, last, slots = batch.tensors()  # set: the batch had rows, `keep` names some of them
     index = torch.tensor(keep, device=mask.device)
     mask = mask[index]
     first = int(mask.any(dim=0).int().argmax())  # the first column some row still needs
-    batch.mask, batch.positions, batch.last = mask[:, first:], positions[index], last[index]
+    batch.mask, batch.positions, batch.last, batch.slots = mask[:, first:], positions[index], last[index], slots[index]
     for layer in batch.cache.layers:
         layer.keys = layer.keys[index, :, first:]
         layer.values = layer.values[index, :, first:]

@@ -28,21 +28,33 @@ def token_index(layer: TrainableTokensLayer, adapter: str, device: torch.device)
     return cache[key]
 
 
+def trained_tokens(layer: TrainableTokensLayer, x: torch.Tensor, result: torch.Tensor, adapter: str,
+                   rows: torch.Tensor | None = None) -> torch.Tensor:
+    """`result` (the base layer's output for `x`) with `adapter`'s trained rows applied: to every row of the batch,
+    or where `rows` (B, 1, 1) is true (serving decodes rows of several adapters in one forward)."""
+    weight = cast(torch.Tensor, layer.base_layer.weight)
+    index = token_index(layer, adapter, weight.device)
+    delta = layer.trainable_tokens_delta[adapter].to(weight)  # (K, H) the trained rows
+    if isinstance(layer.base_layer, torch.nn.Embedding):
+        scale = layer._get_embed_scale()
+        correction = (delta - weight[index]) * (scale.to(weight) if scale is not None else 1.0)  # (K, H)
+        hits = (x.unsqueeze(-1) == index).to(result.dtype)  # (..., T, K) one-hot over trained tokens
+        update = hits @ correction
+        return result + (update if rows is None else update * rows)
+    # the tied output layer: recompute the logits of the trained tokens only
+    logits = x @ delta.T
+    if rows is None:
+        return result.index_copy(-1, index, logits)
+    # serving, without autograd: written into the base layer's fresh output, not into a copy of all 262k logits
+    return result.index_copy_(-1, index, torch.where(rows, logits, result.index_select(-1, index)))
+
+
 def _sparse_forward(self: TrainableTokensLayer, x: torch.Tensor, active_adapters: Any, *args: Any, **kwargs: Any):
     if self.disable_adapters or not active_adapters or self.merged:
         return TrainableTokensLayer.forward_adapters(self, x, active_adapters, *args, **kwargs)
     result = self.base_layer(x, *args, **kwargs)
-    weight = cast(torch.Tensor, self.base_layer.weight)
     for name in active_adapters:
-        index = token_index(self, name, weight.device)
-        delta = self.trainable_tokens_delta[name].to(weight)  # (K, H) the trained rows
-        if isinstance(self.base_layer, torch.nn.Embedding):
-            scale = self._get_embed_scale()
-            correction = (delta - weight[index]) * (scale.to(weight) if scale is not None else 1.0)  # (K, H)
-            hits = (x.unsqueeze(-1) == index).to(result.dtype)  # (..., T, K) one-hot over trained tokens
-            result = result + hits @ correction
-        else:  # the tied output layer: recompute the logits of the trained tokens only
-            result = result.index_copy(-1, index, x @ delta.T)
+        result = trained_tokens(self, x, result, name)
     return result
 
 

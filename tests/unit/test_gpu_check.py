@@ -33,7 +33,7 @@ def test_dry_run_reports_every_step(tmp_path: Path) -> None:
     steps = results["steps"]
     assert list(steps) == list(load_script().STEPS)
     for name in ("matmul", "train_bf16", "qlora", "merge_export_verify", "serve", "generate_static", "serve_profile",
-                 "vllm"):
+                 "serve_fleet", "vllm"):
         assert steps[name] == {"status": "skipped", "reason": "no GPU: --dry-run"}
     assert steps["environment"]["status"] == "ok" and steps["environment"]["versions"]["torch"]
     assert steps["doctor"]["status"] == "ok" and json.loads((out / "doctor.json").read_text())["schema"]
@@ -77,7 +77,7 @@ def test_cpu_mode_runs_every_step_body_on_a_tiny_model(tmp_path: Path, tiny_gemm
     assert steps["qlora"]["status"] == "skipped" and "need a GPU" in steps["qlora"]["reason"]
     assert steps["vllm"]["status"] == "skipped"
     for name in ("environment", "doctor", "matmul", "model", "train_bf16", "merge_export_verify", "serve",
-                 "generate_static", "serve_profile"):
+                 "generate_static", "serve_profile", "serve_fleet"):
         assert steps[name]["status"] == "ok", (name, steps[name], log[-3000:])
     assert steps["matmul"]["device"] == "cpu" and steps["matmul"]["bf16_tflops"] > 0
     assert steps["model"]["architecture"] == "Gemma3ForCausalLM" and steps["model"]["random_weights"]
@@ -92,3 +92,7 @@ def test_cpu_mode_runs_every_step_body_on_a_tiny_model(tmp_path: Path, tiny_gemm
         profile = steps["serve_profile"][clients]
         assert profile["tokens"] > 0 and profile["forward_ms"] > 0 and profile["choose_ms"] > 0
         assert profile["accept_ms"] > 0 and profile["rest_ms"] >= 0
+    fleet = steps["serve_fleet"]  # two adapters' requests shared the steps, and every case answered
+    assert fleet["most_adapters_in_a_forward"] == 2
+    assert all(fleet[f"{case} tok_s"] > 0 for case in ("base model", "one adapter", "2 adapters, shared steps",
+                                                       "2 adapters, turns"))
