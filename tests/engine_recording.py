@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Any
 
-from gemmaforge.inference.jobs import Delta, Event, Job
+from gemmaforge.inference.jobs import Delta, Event, Finished, Job
 from gemmaforge.inference.transformers_engine import TransformersEngine
 
 
@@ -31,3 +31,14 @@ async def ask(engine: TransformersEngine, job: Job, log: list[tuple[int, Event]]
         log.append((index, event))
         if not isinstance(event, Delta):
             return
+
+
+async def submit_together(engine: TransformersEngine, jobs: list[Job]) -> list[Job]:
+    """Submit `jobs` between two steps (the scheduler admits them in one go) and wait until each has finished."""
+    with engine._wake:  # held while submitting
+        for job in jobs:
+            engine.submit(job)
+    for job in jobs:
+        while not isinstance(await job.events.get(), Finished):
+            pass
+    return jobs

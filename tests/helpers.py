@@ -158,3 +158,20 @@ def _as_served(served) -> Iterator[None]:
         elif engine.peft is not None:  # the base model's layers hold the adapters: switch them off
             stack.enter_context(engine.peft.disable_adapter())
         yield
+
+
+def trained_adapter(model, target: Path, seed: int = 0, **lora) -> Path:
+    """An adapter of `model` with random (non-zero) LoRA weights and trained marker rows (or whole modules), as
+    training leaves one, saved to `target`. LoRA r 4, alpha 8, no dropout unless `lora` says otherwise."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+
+    torch.manual_seed(seed)
+    peft = get_peft_model(model, LoraConfig(**{"r": 4, "lora_alpha": 8, "lora_dropout": 0.0, **lora},
+                                            init_lora_weights=False))
+    with torch.no_grad():
+        for name, param in peft.named_parameters():
+            if "trainable_tokens_delta" in name or "modules_to_save" in name:
+                param.add_(torch.randn_like(param) * 0.05)
+    peft.save_pretrained(target)
+    return target

@@ -10,29 +10,18 @@ import pytest
 import torch
 
 from gemmaforge.families import FAMILIES
-from gemmaforge.inference.jobs import Finished, Job, Params
-from tests.engine_recording import RecordingEngine
+from gemmaforge.inference.jobs import Job, Params
+from tests.engine_recording import RecordingEngine, submit_together
+from tests.helpers import trained_adapter
 
-MARKERS = ("<start_of_turn>", "<end_of_turn>")
+MARKER_ROWS = [105, 106]  # <start_of_turn>, <end_of_turn> in the real tokenizer the tiny models carry
 
 
 def save_adapter(base: Path, folder: Path, seed: int, **lora: object) -> Path:
-    """A LoRA adapter of the tiny model with random A, B and trained marker rows (a trained one's look: none is 0)."""
-    from peft import LoraConfig, get_peft_model
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
 
-    torch.manual_seed(seed)
-    tokenizer = AutoTokenizer.from_pretrained(base)
     model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
-    config = LoraConfig(init_lora_weights=False, trainable_token_indices=tokenizer.convert_tokens_to_ids(list(MARKERS)),
-                        **lora)  # type: ignore[arg-type]
-    peft = get_peft_model(model, config)
-    with torch.no_grad():
-        for name, parameter in peft.named_parameters():
-            if "lora_B" in name or "trainable_tokens_delta" in name:
-                parameter.add_(torch.randn_like(parameter) * 0.5)
-    peft.save_pretrained(folder)
-    return folder
+    return trained_adapter(model, folder, seed, trainable_token_indices=MARKER_ROWS, **lora)
 
 
 @pytest.fixture(scope="module")
@@ -44,7 +33,7 @@ def adapters_of(text_checkpoint_of, tmp_path_factory: pytest.TempPathFactory):
         if family not in made:
             base, root = text_checkpoint_of(family), tmp_path_factory.mktemp(f"mixed-adapters-{family}")
             made[family] = {
-                "small": save_adapter(base, root / "small", 1, r=2, lora_alpha=4, target_modules=["q_proj", "v_proj"]),
+                "small": save_adapter(base, root / "small", 7, r=2, lora_alpha=4, target_modules=["q_proj", "v_proj"]),
                 "wide": save_adapter(base, root / "wide", 2, r=8, lora_alpha=8, use_rslora=True,
                                      target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
                                                      "down_proj"]),
@@ -118,21 +107,17 @@ def test_a_lora_fleet_decodes_in_shared_steps(tiny_gemma3_dir: Path, adapters_of
 
     async def answer(adapters: tuple[str | None, ...]) -> list[Job]:
         loop = asyncio.get_running_loop()
-        jobs = [Job(prompt, Params(max_tokens=12, temperature=0), adapter, loop) for adapter in adapters]
-        with engine._wake:  # submitted between two steps: admitted together
-            for job in jobs:
-                engine.submit(job)
-        for job in jobs:
-            while not isinstance(await job.events.get(), Finished):
-                pass
-        return jobs
+        return await submit_together(engine, [Job(prompt, Params(max_tokens=12, temperature=0), adapter, loop)
+                                              for adapter in adapters])
 
     try:
-        alone = [engine.chosen[id(asyncio.run(answer((adapter,)))[0])] for adapter in lanes]
+        alone_jobs = [asyncio.run(answer((adapter,)))[0] for adapter in lanes]  # kept: chosen is keyed by id()
+        alone = [engine.chosen[id(job)] for job in alone_jobs]
         assert engine.most_adapters_in_a_forward == 1
         together = asyncio.run(answer(lanes))
     finally:
         engine.close()
     assert [engine.chosen[id(job)] for job in together] == alone
     assert len({tuple(tokens) for tokens in alone}) == 4  # every adapter answers its own way
+    assert all(len(tokens) == 12 for tokens in alone)  # none stops early: the shared three decode together throughout
     assert engine.most_adapters_in_a_forward == 3 and engine.widest_batch == 3  # base, small, wide; dora alone

@@ -16,6 +16,7 @@ from safetensors.torch import load_file, save_file
 from gemmaforge.errors import UserError
 from gemmaforge.export.gguf import weight_files
 from gemmaforge.export.merge_in_place import merge_into_copy
+from tests.helpers import trained_adapter
 
 CLASSES = {"gemma3-mm": "Gemma3ForConditionalGeneration", "gemma4-e2b": "Gemma4ForConditionalGeneration",
            "gemma4-moe": "Gemma4ForConditionalGeneration", "gemma4-dense": "Gemma4ForConditionalGeneration",
@@ -36,20 +37,6 @@ def in_bf16(checkpoint: Path, target: Path) -> Path:
     config = json.loads((target / "config.json").read_text())
     config["dtype"] = "bfloat16"
     (target / "config.json").write_text(json.dumps(config))
-    return target
-
-
-def trained_adapter(model, target: Path, **lora) -> Path:
-    """An adapter with random (non-zero) LoRA weights and trained marker rows, as training leaves one."""
-    from peft import LoraConfig, get_peft_model
-
-    torch.manual_seed(0)
-    peft = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, init_lora_weights=False, lora_dropout=0.0, **lora))
-    with torch.no_grad():
-        for name, param in peft.named_parameters():
-            if "trainable_tokens_delta" in name or "modules_to_save" in name:
-                param.add_(torch.randn_like(param) * 0.05)
-    peft.save_pretrained(target)
     return target
 
 

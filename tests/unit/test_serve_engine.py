@@ -12,7 +12,7 @@ from gemmaforge.families import FAMILIES
 from gemmaforge.inference.jobs import Answer, Delta, Event, Finished, Job, Params, TextStream
 from gemmaforge.inference.sampling import choose_token, new_generator
 from gemmaforge.inference.transformers_engine import TransformersEngine
-from tests.engine_recording import RecordingEngine, ask
+from tests.engine_recording import RecordingEngine, ask, submit_together
 
 
 async def deltas_of(log: list[tuple[int, Event]], index: int, count: int) -> None:
@@ -119,14 +119,7 @@ def test_requests_that_arrive_together_are_prefilled_together(family: str, split
 
     async def together() -> list[Job]:
         loop = asyncio.get_running_loop()
-        jobs = [Job(p, Params(max_tokens=n, temperature=0), None, loop) for p in prompts]
-        with engine._wake:  # held while submitting: the scheduler admits all three in one go
-            for job in jobs:
-                engine.submit(job)
-        for job in jobs:
-            while not isinstance(await job.events.get(), Finished):
-                pass
-        return jobs
+        return await submit_together(engine, [Job(p, Params(max_tokens=n, temperature=0), None, loop) for p in prompts])
 
     try:
         jobs = asyncio.run(together())
