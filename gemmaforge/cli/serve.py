@@ -36,7 +36,8 @@ def add(verbs: Verbs) -> None:
         "Anthropic's Messages API (/v1/messages), with pictures and sound for the checkpoints that take them, "
         "log-probabilities on request, adapters loaded "
         "and unloaded at runtime (/v1/load_lora_adapter, /v1/unload_lora_adapter). Concurrent requests on the "
-        "transformers engine are batched at every decoding step.",
+        "transformers engine are batched at every decoding step, requests on different LoRA adapters in one "
+        "forward.",
         epilog=SERVE_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("models", nargs="+", metavar="[NAME=]MODEL")
